@@ -1,0 +1,54 @@
+"""phalanx: interactive cluster training from Jupyter.
+
+``%load_ext phalanx`` adds the ``%cluster`` and ``%%distributed_fit`` magics.  Inside a
+``%%distributed_fit`` cell, ``from phalanx import log, allreduce, broadcast, barrier, wrap``.
+
+Importing phalanx is cheap and side-effect free (engines import it too): the kernel-side parts
+are loaded on first use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .runtime import allreduce, barrier, broadcast, log, wrap
+
+__version__ = "0.1.0"
+__all__ = ["log", "allreduce", "broadcast", "barrier", "wrap", "last_run", "manifest",
+           "cluster_widget", "get_session", "load_ipython_extension", "unload_ipython_extension"]
+
+
+def get_session() -> Any:
+    """The phalanx session of the running IPython kernel (created on first use)."""
+    from ._session import session_for_shell
+
+    return session_for_shell()
+
+
+def last_run() -> Any:
+    """The last ``%%distributed_fit`` run: status, wall time, per-rank steps, history, manifest."""
+    return get_session().last_run()
+
+
+def manifest() -> Any:
+    """What is needed to reproduce the last run (versions, world size, seed, data hashes...)."""
+    return get_session().last_run().manifest
+
+
+def cluster_widget() -> Any:
+    """A widget showing the cluster with buttons to scale, stop and restart it."""
+    return get_session().cluster_view()
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """Called by ``%load_ext phalanx``."""
+    from ._magics import register
+
+    register(ipython)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """Called by ``%unload_ext phalanx``: stops the cluster this kernel started."""
+    from ._session import close_session
+
+    close_session(ipython)

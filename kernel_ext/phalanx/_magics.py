@@ -1,0 +1,143 @@
+"""``%cluster`` and ``%%distributed_fit``: parse arguments, call the session, show the result.
+
+The magics hold no logic of their own; every verb is a :class:`~phalanx._session.Session`
+method that works the same from Python.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from ._session import session_for_shell
+from .cluster import ClusterError, GpuSpecError
+from .fit import FitOptions, FitUsageError, ShippingError
+from .fit._errors import VersionSkewError
+
+CLUSTER_ACTIONS = ("start", "scale", "stop", "status", "restart")
+
+# Errors that mean "this request cannot be done as asked": shown as one clear line.
+_USER_ERRORS = (ClusterError, GpuSpecError, FitUsageError, ShippingError, VersionSkewError)
+
+
+def _display(obj: Any, metadata: dict | None = None) -> None:
+    from IPython.display import display
+
+    display(obj, metadata=metadata) if metadata else display(obj)
+
+
+@magics_class
+class PhalanxMagics(Magics):
+    """The phalanx magics, bound to this kernel's session."""
+
+    @property
+    def session(self) -> Any:
+        return session_for_shell(self.shell)
+
+    @magic_arguments()
+    @argument("action", nargs="?", default=None,
+              help="start | scale N | stop | status | restart [RANK]; none shows the cluster")
+    @argument("value", nargs="?", default=None, help="engine count for scale, rank for restart")
+    @argument("-n", type=int, default=None, help="engines to start (default: one per GPU, else 2)")
+    @argument("--gpus", default="auto", help="auto | none | comma list of device indices")
+    @argument("--launcher", default="local", help="local | mpi | ssh | slurm | pbs | lsf")
+    @argument("--profile", default=None, help="IPython profile holding launcher configuration")
+    @argument("--timeout", type=float, default=60.0, help="seconds to wait for engines")
+    @line_magic
+    def cluster(self, line: str) -> None:
+        """Start, scale, restart, stop and show the engine cluster."""
+        args = parse_argstring(self.cluster, line)
+        action = args.action
+        if action is not None and action not in CLUSTER_ACTIONS:
+            raise UsageError(f"unknown %cluster action {action!r}; valid: {', '.join(CLUSTER_ACTIONS)}"
+                             "\n  %cluster start [-n N] [--gpus auto|none|0,1] [--launcher local|mpi"
+                             "|ssh|slurm|pbs|lsf] [--profile NAME] [--timeout SEC]\n  %cluster scale"
+                             " N | stop | status | restart [RANK]")
+        try:
+            self._cluster_action(action, args)
+        except _USER_ERRORS as exc:
+            raise UsageError(str(exc)) from None
+
+    def _cluster_action(self, action: str | None, args: Any) -> None:
+        session = self.session
+        if action in (None, "status"):
+            _display(session.cluster_view() if action is None else session.status())
+        elif action == "start":
+            if session.cluster.running:
+                print(f"a cluster is already running with {session.cluster.size} engine(s); "
+                      "use %cluster scale N to resize it or %cluster stop first")
+                _display(session.status())
+                return
+            _display(session.start_cluster(n=args.n, gpus=args.gpus, launcher=args.launcher,
+                                           profile=args.profile, timeout=args.timeout))
+        elif action == "scale":
+            _display(session.scale(_whole_number(args.value, "%cluster scale N")))
+        elif action == "restart":
+            rank = None if args.value is None else _whole_number(args.value, "%cluster restart RANK", 0)
+            _display(session.restart(rank))
+        elif action == "stop":
+            print("cluster stopped" if session.stop_cluster() else "no cluster is running")
+
+    @magic_arguments()
+    @argument("target", nargs="?", default=None, help="(line form) a learning-network node to fit")
+    @argument("-n", type=int, default=None, help="ranks to run on (default: every engine)")
+    @argument("--sync", default="allreduce", help="allreduce | localsgd | easgd | none | pkg.mod.Class")
+    @argument("--every", type=int, default=1, help="K: steps between synchronisations")
+    @argument("--alpha", type=float, default=0.5, help="EASGD moving rate")
+    @argument("--backend", default="auto", help="auto | nccl | gloo | mpi")
+    @argument("--shard", default=None, help="names split by rows across ranks, e.g. X,y")
+    @argument("--return", dest="returns", default=None, help="names brought back from rank 0")
+    @argument("--seed", type=int, default=None, help="seeds random/numpy/torch as S+rank")
+    @argument("--steps", type=int, default=None, help="expected optimizer steps (for progress)")
+    @argument("--timeout", type=float, default=None, help="stop the run after SEC seconds")
+    @argument("--collective-timeout", type=float, default=60.0, help="deadline of one collective")
+    @argument("--name", default=None, help="a name for the run")
+    @argument("--no-widget", action="store_true", help="plain text progress instead of widgets")
+    @line_cell_magic
+    def distributed_fit(self, line: str, cell: str | None = None) -> Any:
+        """Run the cell's training loop on every engine, data-parallel."""
+        args = parse_argstring(self.distributed_fit, line)
+        if cell is None:
+            return self._fit_network(args)
+        try:
+            opts = FitOptions.build(n=args.n, sync=args.sync, every=args.every, alpha=args.alpha,
+                                    backend=args.backend, shard=args.shard, returns=args.returns,
+                                    seed=args.seed, steps=args.steps, timeout=args.timeout,
+                                    collective_timeout=args.collective_timeout, name=args.name,
+                                    widget=not args.no_widget)
+            record = self.session.distributed_fit(cell, opts, self.shell.user_ns)
+        except _USER_ERRORS as exc:
+            raise UsageError(str(exc)) from None
+        _display(record, metadata={"phalanx": {"manifest": record.manifest}})
+        return None
+
+    def _fit_network(self, args: Any) -> Any:
+        if args.target is None:
+            raise UsageError("%distributed_fit NODE fits a learning network on the cluster; "
+                             "use %%distributed_fit (two %) for a training cell")
+        node = self.shell.user_ns.get(args.target)
+        if node is None or not hasattr(node, "fit"):
+            raise UsageError(f"{args.target!r} is not a learning-network node in the notebook")
+        session = self.session
+        cluster = session.cluster if session.cluster.running else None
+        if cluster is None:
+            raise UsageError("no cluster is running: start one with %cluster start -n 2")
+        return node.fit(cluster=cluster)
+
+
+def _whole_number(value: str | None, usage: str, minimum: int = 1) -> int:
+    try:
+        number = int(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise UsageError(f"{usage}: expected a whole number, got {value!r}") from None
+    if number < minimum:
+        raise UsageError(f"{usage}: must be at least {minimum}, got {number}")
+    return number
+
+
+def register(ipython: Any) -> None:
+    """Register the magics on ``ipython`` (``%load_ext phalanx``)."""
+    ipython.register_magics(PhalanxMagics)

@@ -1,0 +1,175 @@
+"""One session per kernel: it owns the cluster, the runs and the event bus.
+
+Magics, widgets and the lab comm only call the session; the session calls the cluster layer and
+the fit runner.  The session lives on the IPython shell object (no module-level singleton), so
+two kernels never share one and a fresh kernel starts clean.
+
+Example::
+
+    session = session_for_shell()
+    session.start_cluster(n=2, gpus="none")
+    session.scale(3)
+    session.stop_cluster()
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+from typing import Any
+
+from . import events
+from ._bus import EventBus
+from .cluster import ClusterError, ClusterManager, visible_gpus
+from .fit import FitOptions, FitRunner, FitUsageError, RunRecord
+
+log = logging.getLogger("phalanx")
+
+_ATTRIBUTE = "_phalanx_session"
+
+
+class ClusterStatus:
+    """The status table; renders as HTML in the notebook and as text elsewhere."""
+
+    COLUMNS = ("rank", "engine_id", "host", "pid", "device", "state", "memory_mb", "step")
+
+    def __init__(self, rows: list[dict], launcher: str) -> None:
+        self.rows, self.launcher = rows, launcher
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def _cells(self, row: dict) -> list[str]:
+        return ["" if row.get(c) is None else str(row.get(c)) for c in self.COLUMNS]
+
+    def __repr__(self) -> str:
+        if not self.rows:
+            return "no cluster is running: start one with %cluster start -n 2"
+        table = [list(self.COLUMNS)] + [self._cells(r) for r in self.rows]
+        widths = [max(len(line[i]) for line in table) for i in range(len(self.COLUMNS))]
+        lines = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)) for line in table]
+        return (f"{len(self.rows)} engine(s), {self.launcher} launcher (ranks are dense 0..N-1; "
+                "after scaling down they are renumbered)\n" + "\n".join(lines))
+
+    def _repr_html_(self) -> str:
+        if not self.rows:
+            return "<i>no cluster is running: start one with <code>%cluster start -n 2</code></i>"
+        head = "".join(f"<th>{c}</th>" for c in self.COLUMNS)
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in self._cells(r)) + "</tr>"
+                       for r in self.rows)
+        return (f"<div><b>{len(self.rows)} engine(s)</b>, {self.launcher} launcher"
+                f"<table><tr>{head}</tr>{body}</table></div>")
+
+
+class Session:
+    """The kernel's phalanx state: cluster, runs, networks and the event bus."""
+
+    def __init__(self, shell: Any = None, device_lister: Any = visible_gpus) -> None:
+        self.shell = shell
+        self.events = EventBus()
+        self.cluster = ClusterManager(on_change=self._cluster_changed, device_lister=device_lister)
+        self.fits = FitRunner(self.cluster, self.events.emit)
+
+    # --- cluster verbs (the magic and the widgets call these) ---------------------------------
+
+    @property
+    def max_engines(self) -> int:
+        return self.cluster.max_engines
+
+    def start_cluster(self, n: int | None = None, gpus: str = "auto", launcher: str = "local",
+                      profile: str | None = None, timeout: float = 60.0) -> ClusterStatus:
+        """Start a cluster (``%cluster start``) and return its status."""
+        self.cluster.start(n=n, gpus=gpus, launcher=launcher, profile=profile, timeout=timeout)
+        return self.status()
+
+    def scale(self, n: int) -> ClusterStatus:
+        """Grow or shrink to ``n`` engines (``%cluster scale N``)."""
+        self._refuse_during_run("scale the cluster")
+        self.cluster.scale(n)
+        return self.status()
+
+    def restart(self, rank: int | None = None) -> ClusterStatus:
+        """Restart one rank or every engine (``%cluster restart [RANK]``)."""
+        self._refuse_during_run("restart engines")
+        self.cluster.restart(rank)
+        return self.status()
+
+    def stop_cluster(self) -> bool:
+        """Stop the cluster; False when none was running."""
+        self._refuse_during_run("stop the cluster")
+        return self.cluster.stop()
+
+    def status(self) -> ClusterStatus:
+        steps = self.fits.active.steps if self.fits.active is not None else None
+        rows = self.cluster.status(steps) if self.cluster.running else []
+        return ClusterStatus(rows, self.cluster.launcher)
+
+    def cluster_view(self) -> Any:
+        """What ``%cluster`` with no arguments shows."""
+        return self.status()
+
+    def _refuse_during_run(self, what: str) -> None:
+        if self.fits.active is not None:
+            raise ClusterError(f"cannot {what} while run {self.fits.active_name!r} is going; "
+                               "wait for it or interrupt it")
+
+    def _cluster_changed(self) -> None:
+        rows = []
+        if self.cluster.running:
+            for rank, slot in enumerate(self.cluster.slots()):
+                rows.append({"rank": rank, "engine_id": slot.engine_id if slot.engine_id is not None else -1,
+                             "host": slot.host, "pid": slot.pid, "device": slot.device or "cpu",
+                             "state": slot.state, "memory_mb": None, "step": None})
+        self.events.emit(events.cluster_state(rows, self.max_engines, launcher=self.cluster.launcher))
+
+    # --- runs ---------------------------------------------------------------------------------
+
+    def distributed_fit(self, body: str, opts: FitOptions, user_ns: dict,
+                        on_start: Any = None) -> RunRecord:
+        """Run a training cell on every engine (``%%distributed_fit``)."""
+        return self.fits.run(body, opts, user_ns, on_start=on_start)
+
+    def last_run(self) -> RunRecord:
+        if self.fits.last is None:
+            raise FitUsageError("no %%distributed_fit run yet in this kernel")
+        return self.fits.last
+
+    def run_history_rows(self) -> list[dict]:
+        """Metric rows of the current (or last) run, in the events' wire form."""
+        tracker = self.fits.active
+        history = tracker.history if tracker is not None else (
+            self.fits.last.history if self.fits.last is not None else None)
+        if history is None:
+            return []
+        return [{"rank": r["rank"], "step": r["step"], "t": r["t"],
+                 "metrics": {k: v for k, v in r.items() if k not in ("rank", "step", "t")}}
+                for r in history.rows()]
+
+    def close(self) -> None:
+        """Stop everything this session started."""
+        try:
+            self.cluster.stop()
+        finally:
+            self.fits.close()
+
+
+def session_for_shell(shell: Any = None) -> Session:
+    """The session of ``shell`` (default: the running IPython), created on first use."""
+    if shell is None:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        if shell is None:
+            raise RuntimeError("phalanx needs an IPython kernel: run `%load_ext phalanx` in Jupyter")
+    session = getattr(shell, _ATTRIBUTE, None)
+    if session is None:
+        session = Session(shell)
+        setattr(shell, _ATTRIBUTE, session)
+    return session
+
+
+def close_session(shell: Any) -> None:
+    session = getattr(shell, _ATTRIBUTE, None)
+    if session is not None:
+        session.close()
+        setattr(shell, _ATTRIBUTE, None)

@@ -1,0 +1,8 @@
+"""Cluster layer: ipyparallel processes, dense ranks and GPU pinning."""
+
+from ._gpus import GpuSpecError, assign_devices, parse_gpu_spec, visible_gpus
+from ._launchers import LAUNCHERS, ClusterError
+from ._manager import ClusterManager, EngineSlot
+
+__all__ = ["ClusterManager", "EngineSlot", "ClusterError", "GpuSpecError", "LAUNCHERS",
+           "assign_devices", "parse_gpu_spec", "visible_gpus"]

@@ -1,0 +1,50 @@
+"""Functions shipped to engines to identify and pin them (must import nothing heavy).
+
+They run inside ipyparallel engines through ``apply``; they only touch ``os`` and ``socket`` so
+that probing never imports torch (and never initialises CUDA) in an engine.
+"""
+
+from __future__ import annotations
+
+
+def identify_engine() -> dict:
+    """Who am I: slot, host, address, pid, MPI rank and current device pinning."""
+    import os
+    import socket
+
+    env = os.environ
+    mpi_rank = env.get("PMI_RANK") or env.get("OMPI_COMM_WORLD_RANK") or env.get("PMIX_RANK")
+    local_rank = (env.get("MPI_LOCALRANKID") or env.get("OMPI_COMM_WORLD_LOCAL_RANK")
+                  or env.get("SLURM_LOCALID"))
+    host = socket.gethostname()
+    try:
+        address = socket.gethostbyname(host)
+    except OSError:
+        address = "127.0.0.1"
+    return {
+        "slot": env.get("PHALANX_SLOT", ""),
+        "set": env.get("PHALANX_SET", ""),
+        "host": host,
+        "address": address,
+        "pid": os.getpid(),
+        "mpi_rank": int(mpi_rank) if mpi_rank is not None else None,
+        "local_rank": int(local_rank) if local_rank is not None else None,
+        "cuda_visible_devices": env.get("CUDA_VISIBLE_DEVICES"),
+    }
+
+
+def pin_engine(slot: str, device: str | None) -> str:
+    """Pin this engine to ``device`` before anything in it initialises CUDA.
+
+    Used for launchers whose engines share one environment (MPI, batch systems); local engines
+    get their ``CUDA_VISIBLE_DEVICES`` at launch instead.
+    """
+    import os
+    import sys
+
+    if "torch" in sys.modules and getattr(sys.modules["torch"], "cuda", None) is not None:
+        if sys.modules["torch"].cuda.is_initialized():
+            raise RuntimeError("CUDA was initialised in this engine before phalanx could pin it")
+    os.environ["PHALANX_SLOT"] = slot
+    os.environ["CUDA_VISIBLE_DEVICES"] = "" if device is None else device
+    return os.environ["CUDA_VISIBLE_DEVICES"]

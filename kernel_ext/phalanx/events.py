@@ -1,0 +1,268 @@
+"""The one event schema shared by the notebook widgets and the JupyterLab panel.
+
+Every event is a plain JSON-able dict ``{"v": SCHEMA_VERSION, "type": <type>, ...fields}``.
+The kernel emits them on the session's event bus; the notebook widgets render them and the
+lab panel receives them over the ``phalanx`` comm.  Messages from the panel to the kernel are
+*requests* (also listed here) and never contain code.
+
+Both ends validate: :func:`validate_event` and :func:`validate_request` raise
+:class:`SchemaError` with a message naming the offending field, so a bad message is logged and
+dropped instead of crashing anything.
+
+Example::
+
+    >>> ev = cluster_state(engines=[], max_engines=8)
+    >>> validate_event(ev)["type"]
+    'cluster'
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping
+
+SCHEMA_VERSION = 1
+COMM_TARGET = "phalanx"
+
+# Node states of a learning network, in the order a fit walks through them.
+NODE_STATES = ("fresh", "stale", "queued", "fitting", "fitted", "failed")
+ENGINE_STATES = ("starting", "idle", "busy", "dead", "stopping")
+RUN_STATES = ("running", "done", "failed", "interrupted", "timeout")
+
+
+class SchemaError(ValueError):
+    """A message that does not fit the schema."""
+
+
+# --- field checks -----------------------------------------------------------------------------
+
+_NUM = (int, float)
+
+
+def _need(msg: Mapping[str, Any], key: str, types: type | tuple, where: str) -> Any:
+    if key not in msg:
+        raise SchemaError(f"{where}: missing field {key!r}")
+    value = msg[key]
+    if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
+        raise SchemaError(f"{where}: field {key!r} must be {_names(types)}, got bool")
+    if not isinstance(value, types):
+        raise SchemaError(f"{where}: field {key!r} must be {_names(types)}, got {type(value).__name__}")
+    return value
+
+
+def _names(types: type | tuple) -> str:
+    types = types if isinstance(types, tuple) else (types,)
+    return " or ".join(t.__name__ if t is not type(None) else "null" for t in types)
+
+
+def _opt_num(msg: Mapping[str, Any], key: str, where: str) -> None:
+    if msg.get(key) is not None:
+        _need(msg, key, _NUM, where)
+
+
+def _check_engine(e: Any, where: str) -> None:
+    if not isinstance(e, Mapping):
+        raise SchemaError(f"{where}: engine entry must be an object")
+    _need(e, "rank", int, where)
+    _need(e, "engine_id", int, where)
+    _need(e, "host", str, where)
+    state = _need(e, "state", str, where)
+    if state not in ENGINE_STATES:
+        raise SchemaError(f"{where}: engine state {state!r} not one of {ENGINE_STATES}")
+    for key in ("memory_mb", "step", "pid"):
+        _opt_num(e, key, where)
+
+
+def _check_rank_progress(p: Any, where: str) -> None:
+    if not isinstance(p, Mapping):
+        raise SchemaError(f"{where}: rank progress must be an object")
+    _need(p, "rank", int, where)
+    _need(p, "step", int, where)
+    for key in ("total", "steps_per_s", "eta_s"):
+        _opt_num(p, key, where)
+    if not isinstance(p.get("metrics", {}), Mapping):
+        raise SchemaError(f"{where}: 'metrics' must be an object")
+
+
+def _check_row(r: Any, where: str) -> None:
+    if not isinstance(r, Mapping):
+        raise SchemaError(f"{where}: metric row must be an object")
+    _need(r, "rank", int, where)
+    _need(r, "step", int, where)
+    _need(r, "t", _NUM, where)
+    metrics = _need(r, "metrics", Mapping, where)
+    for name, value in metrics.items():
+        if not isinstance(value, _NUM) or isinstance(value, bool):
+            raise SchemaError(f"{where}: metric {name!r} must be a number")
+
+
+def _check_node(n: Any, where: str) -> None:
+    if not isinstance(n, Mapping):
+        raise SchemaError(f"{where}: node must be an object")
+    _need(n, "id", str, where)
+    _need(n, "label", str, where)
+    _need(n, "kind", str, where)
+    state = _need(n, "state", str, where)
+    if state not in NODE_STATES:
+        raise SchemaError(f"{where}: node state {state!r} not one of {NODE_STATES}")
+    _opt_num(n, "fit_time_s", where)
+
+
+def _check_cluster(m: Mapping[str, Any]) -> None:
+    engines = _need(m, "engines", list, "cluster")
+    for e in engines:
+        _check_engine(e, "cluster")
+    _need(m, "max_engines", int, "cluster")
+    _need(m, "busy", bool, "cluster")
+    if m.get("error") is not None:
+        _need(m, "error", str, "cluster")
+
+
+def _check_run_started(m: Mapping[str, Any]) -> None:
+    _need(m, "run", str, "run_started")
+    _need(m, "world_size", int, "run_started")
+    _opt_num(m, "total_steps", "run_started")
+
+
+def _check_progress(m: Mapping[str, Any]) -> None:
+    _need(m, "run", str, "progress")
+    for p in _need(m, "ranks", list, "progress"):
+        _check_rank_progress(p, "progress")
+
+
+def _check_metrics(m: Mapping[str, Any]) -> None:
+    _need(m, "run", str, "metrics")
+    for r in _need(m, "rows", list, "metrics"):
+        _check_row(r, "metrics")
+
+
+def _check_run_ended(m: Mapping[str, Any]) -> None:
+    _need(m, "run", str, "run_ended")
+    status = _need(m, "status", str, "run_ended")
+    if status not in RUN_STATES:
+        raise SchemaError(f"run_ended: status {status!r} not one of {RUN_STATES}")
+    _need(m, "wall_s", _NUM, "run_ended")
+
+
+def _check_network(m: Mapping[str, Any]) -> None:
+    _need(m, "network", str, "network")
+    for n in _need(m, "nodes", list, "network"):
+        _check_node(n, "network")
+    for edge in _need(m, "edges", list, "network"):
+        if not (isinstance(edge, list) and len(edge) == 2 and all(isinstance(x, str) for x in edge)):
+            raise SchemaError("network: each edge must be a [source_id, target_id] pair of strings")
+
+
+def _check_snapshot(m: Mapping[str, Any]) -> None:
+    for ev in _need(m, "events", list, "snapshot"):
+        validate_event(ev)
+
+
+_EVENT_CHECKS = {
+    "cluster": _check_cluster,
+    "run_started": _check_run_started,
+    "progress": _check_progress,
+    "metrics": _check_metrics,
+    "run_ended": _check_run_ended,
+    "network": _check_network,
+    "snapshot": _check_snapshot,
+}
+
+
+def _check_scale(m: Mapping[str, Any]) -> None:
+    n = _need(m, "n", int, "scale")
+    if n < 1:
+        raise SchemaError(f"scale: n must be at least 1, got {n}")
+
+
+def _no_fields(m: Mapping[str, Any]) -> None:
+    return None
+
+
+_REQUEST_CHECKS = {
+    "request_snapshot": _no_fields,
+    "scale": _check_scale,
+    "stop": _no_fields,
+}
+
+
+def _validate(msg: Any, checks: Mapping[str, Any], kind: str) -> dict:
+    if not isinstance(msg, Mapping):
+        raise SchemaError(f"{kind} must be a JSON object, got {type(msg).__name__}")
+    version = msg.get("v")
+    if version != SCHEMA_VERSION:
+        raise SchemaError(f"{kind} has schema version {version!r}; this side speaks {SCHEMA_VERSION}")
+    kind_name = msg.get("type")
+    if kind_name not in checks:
+        raise SchemaError(f"unknown {kind} type {kind_name!r}; known: {sorted(checks)}")
+    checks[kind_name](msg)
+    return dict(msg)
+
+
+def validate_event(msg: Any) -> dict:
+    """Check a kernel -> frontend event; return it as a dict or raise :class:`SchemaError`.
+
+    Example::
+
+        >>> validate_event({"v": 1, "type": "run_ended", "run": "r1", "status": "done", "wall_s": 1.5})["status"]
+        'done'
+    """
+    return _validate(msg, _EVENT_CHECKS, "event")
+
+
+def validate_request(msg: Any) -> dict:
+    """Check a frontend -> kernel request; return it as a dict or raise :class:`SchemaError`.
+
+    Example::
+
+        >>> validate_request({"v": 1, "type": "scale", "n": 3})["n"]
+        3
+    """
+    return _validate(msg, _REQUEST_CHECKS, "request")
+
+
+# --- constructors (the kernel side builds events only through these) ----------------------------
+
+
+def _event(type_: str, **fields: Any) -> dict:
+    return {"v": SCHEMA_VERSION, "type": type_, **fields}
+
+
+def cluster_state(engines: Iterable[Mapping[str, Any]], max_engines: int, busy: bool = False,
+                  error: str | None = None, launcher: str = "local") -> dict:
+    """Engines of the cluster: ``[{rank, engine_id, host, pid, device, state, memory_mb, step}]``."""
+    return _event("cluster", engines=[dict(e) for e in engines], max_engines=max_engines,
+                  busy=busy, error=error, launcher=launcher)
+
+
+def run_started(run: str, world_size: int, total_steps: int | None, strategy: str) -> dict:
+    """A ``%%distributed_fit`` run began."""
+    return _event("run_started", run=run, world_size=world_size, total_steps=total_steps,
+                  strategy=strategy)
+
+
+def progress(run: str, ranks: Iterable[Mapping[str, Any]]) -> dict:
+    """Per-rank progress: ``[{rank, step, total, steps_per_s, eta_s, metrics, straggler}]``."""
+    return _event("progress", run=run, ranks=[dict(r) for r in ranks])
+
+
+def metrics(run: str, rows: Iterable[Mapping[str, Any]]) -> dict:
+    """New metric rows ``[{rank, step, t, metrics: {name: number}}]``, appended to the history."""
+    return _event("metrics", run=run, rows=[dict(r) for r in rows])
+
+
+def run_ended(run: str, status: str, wall_s: float, error: str | None = None) -> dict:
+    """A run finished (``status`` one of :data:`RUN_STATES`)."""
+    return _event("run_ended", run=run, status=status, wall_s=wall_s, error=error)
+
+
+def network_state(network: str, nodes: Iterable[Mapping[str, Any]],
+                  edges: Iterable[tuple[str, str]]) -> dict:
+    """A learning network's DAG: nodes ``{id, label, kind, state, fit_time_s, estimator, params,
+    last_action}`` and edges ``[source_id, target_id]``."""
+    return _event("network", network=network, nodes=[dict(n) for n in nodes],
+                  edges=[[a, b] for a, b in edges])
+
+
+def snapshot(events: Iterable[Mapping[str, Any]]) -> dict:
+    """Everything a freshly attached view needs, as a list of the events above."""
+    return _event("snapshot", events=[dict(e) for e in events])

@@ -1,0 +1,94 @@
+"""Turn a cell and its options into what each rank receives (kernel side, no waiting).
+
+:func:`prepare` resolves, checks and packs everything *before* anything is sent, so bad input
+(unknown names, unpicklable objects, shards without rows, a flag that cannot work) is refused
+with nothing started.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from ._options import FitOptions, FitUsageError
+from ._shipping import check_same_rows, content_hash, pack, resolve_names, split_rows
+
+INJECTED = ("rank", "world_size", "device")
+
+
+@dataclass
+class Prepared:
+    """Everything a run sends, per name and per rank."""
+
+    blobs: dict[str, bytes]
+    hashes: dict[str, str]
+    shard_blobs: list[bytes]
+    data_manifest: dict[str, dict] = field(default_factory=dict)
+
+
+def describe(value: Any) -> dict:
+    """Shape and type of a shipped object, for the manifest."""
+    info: dict[str, Any] = {"type": type(value).__name__}
+    shape = getattr(value, "shape", None)
+    if isinstance(shape, tuple):  # torch.Size is a tuple too; modules may have shape functions
+        info["shape"] = list(shape)
+        info["dtype"] = str(getattr(value, "dtype", ""))
+    elif isinstance(value, (list, tuple)):
+        info["len"] = len(value)
+    return info
+
+
+def prepare(body: str, opts: FitOptions, user_ns: Mapping[str, Any], world_size: int) -> Prepared:
+    """Resolve, check, shard and pickle what the cell needs."""
+    import cloudpickle
+
+    missing = [s for s in opts.shard if s not in user_ns]
+    if missing:
+        raise NameError(f"--shard names {', '.join(map(repr, missing))}, not defined in the notebook")
+    shipped = resolve_names(body, user_ns, injected=set(INJECTED) | set(opts.shard))
+    shards = {s: user_ns[s] for s in opts.shard}
+    check_same_rows(shards)
+    parts = {s: split_rows(s, v, world_size) for s, v in shards.items()}
+    blobs = {name: pack(name, value) for name, value in shipped.items()}
+    hashes = {name: content_hash(blob) for name, blob in blobs.items()}
+    shard_blobs = []
+    for rank in range(world_size):
+        mine = {s: parts[s][rank] for s in parts}
+        for s, part in mine.items():
+            pack(f"{s} (rank {rank}'s shard)", part)  # names the culprit if it cannot be sent
+        shard_blobs.append(cloudpickle.dumps(mine))
+    data = {name: {**describe(user_ns[name]), "hash": hashes[name]} for name in blobs}
+    for s, value in shards.items():
+        data[s] = {**describe(value), "hash": content_hash(cloudpickle.dumps(value)),
+                   "sharded": True}
+    return Prepared(blobs, hashes, shard_blobs, data)
+
+
+def choose_backend(opts: FitOptions, slots: list, launcher: str) -> str:
+    """The transport family for this run; a usage error when the request cannot work."""
+    devices = [s.device for s in slots]
+    if opts.backend == "auto":
+        return "nccl" if devices and all(d is not None for d in devices) else "gloo"
+    if opts.backend == "nccl" and not all(d is not None for d in devices):
+        raise FitUsageError("--backend nccl needs a GPU on every engine; these engines are CPU "
+                            "engines (start them with --gpus auto on a GPU machine) or use gloo")
+    if opts.backend == "mpi":
+        sets = {s.engine_set_id for s in slots}
+        ordered = all(s.info.get("mpi_rank") == r for r, s in enumerate(slots))
+        if launcher != "mpi" or len(sets) != 1 or not ordered:
+            raise FitUsageError("--backend mpi needs engines started together under MPI: "
+                                "%cluster start -n N --launcher mpi (and no scaling since)")
+    return opts.backend
+
+
+def reachable_ip(peer: str) -> str:
+    """This host's address on the route to ``peer`` (no packet is sent)."""
+    if peer.startswith("127."):
+        return "127.0.0.1"
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect((peer, 9))
+        return probe.getsockname()[0]
+    finally:
+        probe.close()

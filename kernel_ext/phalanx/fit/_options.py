@@ -1,0 +1,87 @@
+"""``%%distributed_fit`` options, checked before anything is sent (pure).
+
+Example::
+
+    >>> opts = FitOptions.build(sync="localsgd", every=4, shard="X,y")
+    >>> opts.shard
+    ('X', 'y')
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+STRATEGIES = ("allreduce", "localsgd", "easgd", "none")
+BACKENDS = ("auto", "nccl", "gloo", "mpi")
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
+
+
+class FitUsageError(ValueError):
+    """A flag value that cannot work; nothing was sent."""
+
+
+def _names(text: str | None, flag: str) -> tuple[str, ...]:
+    if not text:
+        return ()
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    bad = [n for n in names if not _IDENT.match(n)]
+    if bad:
+        raise FitUsageError(f"{flag} takes comma-separated variable names, got {', '.join(bad)}")
+    return names
+
+
+@dataclass(frozen=True)
+class FitOptions:
+    """Validated options of one run."""
+
+    n: int | None = None
+    sync: str = "allreduce"
+    every: int = 1
+    alpha: float = 0.5
+    backend: str = "auto"
+    shard: tuple[str, ...] = ()
+    returns: tuple[str, ...] = ()
+    seed: int | None = None
+    steps: int | None = None
+    timeout: float | None = None
+    collective_timeout: float = 60.0
+    name: str | None = None
+    widget: bool = True
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, *, n: Any = None, sync: str = "allreduce", every: Any = 1, alpha: Any = 0.5,
+              backend: str = "auto", shard: str | None = None, returns: str | None = None,
+              seed: Any = None, steps: Any = None, timeout: Any = None,
+              collective_timeout: Any = 60.0, name: str | None = None,
+              widget: bool = True) -> "FitOptions":
+        """Check every flag and return the options, or raise :class:`FitUsageError`."""
+        if sync not in STRATEGIES and not _DOTTED.match(sync or ""):
+            raise FitUsageError(f"unknown --sync {sync!r}: use one of {', '.join(STRATEGIES)} "
+                                "or the dotted name of your own SyncStrategy class (pkg.mod.Class)")
+        if backend not in BACKENDS:
+            raise FitUsageError(f"unknown --backend {backend!r}: use one of {', '.join(BACKENDS)}")
+        _positive_int(every, "--every")
+        if not 0 < float(alpha) <= 1:
+            raise FitUsageError(f"--alpha must be in (0, 1], got {alpha}")
+        for value, flag in ((n, "-n"), (steps, "--steps")):
+            if value is not None:
+                _positive_int(value, flag)
+        for value, flag in ((timeout, "--timeout"), (collective_timeout, "--collective-timeout")):
+            if value is not None and float(value) <= 0:
+                raise FitUsageError(f"{flag} must be a positive number of seconds, got {value}")
+        shard_names, return_names = _names(shard, "--shard"), _names(returns, "--return")
+        return cls(n=None if n is None else int(n), sync=sync, every=int(every), alpha=float(alpha),
+                   backend=backend, shard=shard_names, returns=return_names,
+                   seed=None if seed is None else int(seed),
+                   steps=None if steps is None else int(steps),
+                   timeout=None if timeout is None else float(timeout),
+                   collective_timeout=float(collective_timeout), name=name, widget=widget)
+
+
+def _positive_int(value: Any, flag: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise FitUsageError(f"{flag} must be a whole number of at least 1, got {value!r}")

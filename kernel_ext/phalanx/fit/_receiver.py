@@ -1,0 +1,69 @@
+"""The kernel end of the metric stream: one ZeroMQ PULL socket for the session's lifetime.
+
+Engines PUSH JSON batches (see ``runtime/_metrics.py``); a daemon thread hands each to the
+tracker of its run.  Batches of unknown runs (a late flush of a run already over) are dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Callable
+
+log = logging.getLogger("phalanx")
+
+
+class MetricsReceiver:
+    """Receive metric batches; ``address`` is what engines connect to."""
+
+    def __init__(self, bind_ip: str = "127.0.0.1", advertise_ip: str | None = None) -> None:
+        import zmq
+
+        self._ctx = zmq.Context.instance()
+        self._socket = self._ctx.socket(zmq.PULL)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        port = self._socket.bind_to_random_port(f"tcp://{bind_ip}")
+        self.address = f"tcp://{advertise_ip or bind_ip}:{port}"
+        self._handlers: dict[str, Callable[[dict], None]] = {}
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="phalanx-metrics-rx", daemon=True)
+        self._thread.start()
+
+    def register(self, run_id: str, handler: Callable[[dict], None]) -> None:
+        with self._lock:
+            self._handlers[run_id] = handler
+
+    def unregister(self, run_id: str) -> None:
+        with self._lock:
+            self._handlers.pop(run_id, None)
+
+    def _loop(self) -> None:
+        import zmq
+
+        poller = zmq.Poller()
+        poller.register(self._socket, zmq.POLLIN)
+        while not self._closed.is_set():
+            try:
+                if not poller.poll(100):
+                    continue
+                message = self._socket.recv_json()
+            except zmq.ZMQError:
+                if self._closed.is_set():
+                    return
+                raise
+            except ValueError:
+                log.warning("phalanx: dropped a metric batch that was not valid JSON")
+                continue
+            with self._lock:
+                handler = self._handlers.get(message.get("run")) if isinstance(message, dict) else None
+            if handler is not None:
+                try:
+                    handler(message)
+                except Exception:
+                    log.exception("phalanx: metric batch handler failed")
+
+    def close(self) -> None:
+        self._closed.set()
+        self._thread.join(timeout=2)
+        self._socket.close(linger=0)

@@ -1,0 +1,57 @@
+"""The result of one run as the notebook keeps it (``phalanx.last_run()``)."""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._history import MetricHistory
+
+
+@dataclass
+class RunRecord:
+    """Status, wall time, per-rank steps, the complete history and the manifest of a run."""
+
+    run_id: str
+    name: str
+    status: str                      # one of events.RUN_STATES
+    world_size: int
+    wall_s: float = 0.0
+    steps: dict[int, int] = field(default_factory=dict)
+    history: MetricHistory = field(default_factory=MetricHistory)
+    manifest: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+    def final_metrics(self) -> dict[int, dict[str, float]]:
+        """The last logged value of each metric, per rank."""
+        return {rank: self.history.latest(rank) for rank in range(self.world_size)}
+
+    def summary_rows(self) -> list[dict]:
+        finals = self.final_metrics()
+        return [{"rank": r, "steps": self.steps.get(r, 0), **finals.get(r, {})}
+                for r in range(self.world_size)]
+
+    def __repr__(self) -> str:
+        lines = [f"run {self.name}: {self.status} in {self.wall_s:.2f} s on {self.world_size} "
+                 f"rank(s), {len(self.history)} metric rows"]
+        for row in self.summary_rows():
+            metrics = ", ".join(f"{k}={v:.4g}" for k, v in row.items() if k not in ("rank", "steps"))
+            lines.append(f"  rank {row['rank']}: {row['steps']} steps  {metrics}")
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        rows = self.summary_rows()
+        columns = list(dict.fromkeys(k for row in rows for k in row))
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+        body = "".join("<tr>" + "".join(f"<td>{_fmt(row.get(c))}</td>" for c in columns) + "</tr>"
+                       for row in rows)
+        title = (f"<b>{html.escape(self.name)}</b>: {html.escape(self.status)} in "
+                 f"{self.wall_s:.2f} s on {self.world_size} rank(s)")
+        return f"<div>{title}<table><tr>{head}</tr>{body}</table></div>"
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return html.escape("" if value is None else str(value))

@@ -1,0 +1,162 @@
+"""What a cell needs from the notebook, checked and packed before anything is sent.
+
+* :func:`resolve_names` finds the notebook names the cell body reads (functions, classes,
+  models, tensors, arrays, scalars) and raises ``NameError`` for one that exists nowhere;
+* :func:`pack` pickles each with cloudpickle (notebook-defined code by value) and, when that
+  fails, names the attribute path of the part that cannot be pickled;
+* :func:`split_rows` cuts ``--shard`` objects by rows so each rank receives only its own part.
+
+Example::
+
+    >>> sorted(resolve_names("y = f(x) + rank", {"f": len, "x": [1], "g": 2}, injected={"rank"}))
+    ['f', 'x']
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import hashlib
+import warnings
+from typing import Any, Iterable, Mapping
+
+LARGE_OBJECT_BYTES = 100 * 2**20
+
+# Names IPython puts in every namespace; never shipped.
+_IPYTHON_NAMES = {"In", "Out", "get_ipython", "exit", "quit", "_", "__", "___", "_ih", "_oh", "_dh"}
+
+
+class ShippingError(ValueError):
+    """An object the cell needs cannot be sent to the engines."""
+
+
+class ShippingWarning(UserWarning):
+    """An object is large enough to make every run slow to start."""
+
+
+def _names_in(body: str) -> tuple[set[str], set[str]]:
+    """(names read, names bound anywhere in the body)."""
+    tree = ast.parse(body)
+    loads: set[str] = set()
+    stores: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (loads if isinstance(node.ctx, ast.Load) else stores).add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            stores.add(node.name)
+        elif isinstance(node, ast.arg):
+            stores.add(node.arg)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            stores.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            stores.add(node.name)
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            stores.update(node.names)
+    return loads, stores
+
+
+def resolve_names(body: str, user_ns: Mapping[str, Any], injected: Iterable[str] = ()) -> dict[str, Any]:
+    """The notebook objects the body reads, by name; ``NameError`` for a name defined nowhere."""
+    loads, stores = _names_in(body)
+    injected = set(injected)
+    shipped: dict[str, Any] = {}
+    missing = []
+    for name in sorted(loads - injected):
+        if name in user_ns and name not in _IPYTHON_NAMES and not name.startswith("_i"):
+            shipped[name] = user_ns[name]
+        elif name not in stores and not hasattr(builtins, name) and name not in _IPYTHON_NAMES:
+            missing.append(name)
+    if missing:
+        raise NameError(f"the cell uses {', '.join(repr(m) for m in missing)}, which "
+                        f"{'is' if len(missing) == 1 else 'are'} not defined in the notebook; "
+                        "define it in an earlier cell or inside this one")
+    return shipped
+
+
+def content_hash(blob: bytes) -> str:
+    return hashlib.blake2b(blob, digest_size=16).hexdigest()
+
+
+def pack(name: str, value: Any) -> bytes:
+    """cloudpickle ``value``; a :class:`ShippingError` names the part that cannot be pickled."""
+    import cloudpickle
+
+    try:
+        blob = cloudpickle.dumps(value)
+    except Exception as exc:
+        path, culprit = find_unpicklable(value, name)
+        raise ShippingError(
+            f"cannot send {path} to the engines: {type(culprit).__name__} objects cannot be "
+            f"pickled ({exc}). Create it inside the cell instead, or leave it out.") from None
+    if len(blob) > LARGE_OBJECT_BYTES:
+        warnings.warn(f"sending {name} ({len(blob) / 2**20:.0f} MB) to the engines: consider "
+                      f"--shard {name} or loading it inside the cell", ShippingWarning, stacklevel=3)
+    return blob
+
+
+def _children(value: Any) -> Iterable[tuple[str, Any]]:
+    if isinstance(value, Mapping):
+        return ((f"[{k!r}]", v) for k, v in value.items())
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return ((f"[{i}]", v) for i, v in enumerate(value))
+    state = getattr(value, "__dict__", None)
+    if isinstance(state, dict):
+        return ((f".{k}", v) for k, v in state.items())
+    return ()
+
+
+def find_unpicklable(value: Any, path: str, depth: int = 0, seen: set | None = None) -> tuple[str, Any]:
+    """The deepest attribute path under ``value`` that cannot be pickled, and that object."""
+    import cloudpickle
+
+    seen = set() if seen is None else seen
+    if depth > 12 or id(value) in seen:
+        return path, value
+    seen.add(id(value))
+    for suffix, child in _children(value):
+        try:
+            cloudpickle.dumps(child)
+        except Exception:
+            return find_unpicklable(child, path + suffix, depth + 1, seen)
+    return path, value
+
+
+def row_count(name: str, value: Any) -> int:
+    """Rows of a shardable object, or a :class:`ShippingError` saying why it has none."""
+    shape = getattr(value, "shape", None)
+    if isinstance(shape, tuple):
+        if len(shape) == 0:
+            raise ShippingError(f"--shard {name}: a 0-d {type(value).__name__} has no rows to split")
+        return int(shape[0])
+    if isinstance(value, (list, tuple)):
+        return len(value)
+    raise ShippingError(f"--shard {name}: a {type(value).__name__} has no rows to split; shard "
+                        "arrays, tensors, DataFrames or lists")
+
+
+def split_rows(name: str, value: Any, world_size: int) -> list[Any]:
+    """Contiguous, near-equal row blocks, one per rank (rank r gets rows r*n//w .. (r+1)*n//w)."""
+    rows = row_count(name, value)
+    if rows < world_size:
+        raise ShippingError(f"--shard {name}: {rows} rows cannot be split over {world_size} ranks")
+    bounds = [r * rows // world_size for r in range(world_size + 1)]
+    parts = []
+    for lo, hi in zip(bounds, bounds[1:]):
+        if hasattr(value, "iloc"):
+            part = value.iloc[lo:hi].copy()
+        elif hasattr(value, "clone"):
+            part = value[lo:hi].clone()  # a view would pickle the whole storage
+        elif hasattr(value, "copy") and hasattr(value, "shape"):
+            part = value[lo:hi].copy()
+        else:
+            part = value[lo:hi]
+        parts.append(part)
+    return parts
+
+
+def check_same_rows(shards: Mapping[str, Any]) -> None:
+    """Every ``--shard`` object must have the same number of rows (X and y line up)."""
+    counts = {name: row_count(name, value) for name, value in shards.items()}
+    if len(set(counts.values())) > 1:
+        shown = ", ".join(f"{n} has {c}" for n, c in counts.items())
+        raise ShippingError(f"--shard objects must have the same number of rows: {shown}")

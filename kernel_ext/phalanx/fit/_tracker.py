@@ -1,0 +1,100 @@
+"""One run as the kernel sees it: complete history, per-rank steps, throttled view updates.
+
+The receiver thread feeds :meth:`RunTracker.on_batch` (cheap: append and count).  A publisher
+thread turns what arrived into at most ~10 ``metrics`` + ``progress`` events per second on the
+session bus, so views never slow training and no row is lost (rows are batched, not dropped).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+
+from .. import events
+from ._history import MetricHistory
+from ._progress import RateMeter, eta_seconds, stragglers
+
+PUBLISH_INTERVAL_S = 0.1
+
+
+class MetricWarning(UserWarning):
+    """A logged metric that could not be recorded."""
+
+
+class RunTracker:
+    """Kernel-side state of one run."""
+
+    def __init__(self, run_id: str, world_size: int, total_steps: int | None, emit) -> None:
+        self.run_id = run_id
+        self.world_size = world_size
+        self.total_steps = total_steps
+        self.history = MetricHistory()
+        self.steps = {r: 0 for r in range(world_size)}
+        self.final: set[int] = set()
+        self.warnings: list[str] = []
+        self.started = time.time()
+        self._meters = {r: RateMeter() for r in range(world_size)}
+        self._emit = emit
+        self._published = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._publisher = threading.Thread(target=self._publish_loop, daemon=True,
+                                           name=f"phalanx-publish-{run_id}")
+
+    def start(self) -> None:
+        self._publisher.start()
+
+    def on_batch(self, message: dict) -> None:
+        """Called by the receiver thread for each batch of this run."""
+        rank = int(message["rank"])
+        self.history.extend(rank, message.get("rows", []))
+        with self._lock:
+            self.steps[rank] = max(self.steps.get(rank, 0), int(message.get("step", 0)))
+            self._meters.setdefault(rank, RateMeter()).add(time.time(), self.steps[rank])
+            self.warnings.extend(message.get("warnings", []))
+            if message.get("final"):
+                self.final.add(rank)
+
+    def wait_final(self, ranks: list[int], timeout: float) -> bool:
+        """Wait until the final batch of each of ``ranks`` has arrived."""
+        deadline = time.monotonic() + timeout
+        while not set(ranks) <= self.final:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+        return True
+
+    def progress_rows(self) -> list[dict]:
+        with self._lock:
+            steps = dict(self.steps)
+            rates = {r: m.rate() for r, m in self._meters.items()}
+        lagging = stragglers(steps)
+        return [{"rank": r, "step": s, "total": self.total_steps, "steps_per_s": rates.get(r),
+                 "eta_s": eta_seconds(s, self.total_steps, rates.get(r)),
+                 "metrics": self.history.latest(r), "straggler": r in lagging}
+                for r, s in sorted(steps.items())]
+
+    def publish(self) -> None:
+        """Emit what arrived since the last call (rows batched, progress coalesced)."""
+        rows = self.history.rows(self._published)
+        self._published += len(rows)
+        if rows:
+            wire = [{"rank": r["rank"], "step": r["step"], "t": r["t"],
+                     "metrics": {k: v for k, v in r.items() if k not in ("rank", "step", "t")}}
+                    for r in rows]
+            self._emit(events.metrics(self.run_id, wire))
+        self._emit(events.progress(self.run_id, self.progress_rows()))
+
+    def _publish_loop(self) -> None:
+        while not self._stop.wait(PUBLISH_INTERVAL_S):
+            self.publish()
+
+    def stop(self) -> None:
+        """Stop publishing, send the last update, raise collected metric warnings."""
+        self._stop.set()
+        if self._publisher.is_alive():
+            self._publisher.join(timeout=2)
+        self.publish()
+        for message in dict.fromkeys(self.warnings):
+            warnings.warn(message, MetricWarning, stacklevel=2)

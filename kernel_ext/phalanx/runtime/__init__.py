@@ -1,0 +1,27 @@
+"""Engine runtime: what a ``%%distributed_fit`` cell can use on the engines.
+
+Imports neither IPython nor ipywidgets: it runs in plain engine processes.
+"""
+
+from ._collectives import allreduce, barrier, broadcast
+from ._hooks import wrap
+from ._state import NotInRunError, current_run
+
+__all__ = ["log", "allreduce", "broadcast", "barrier", "wrap", "NotInRunError"]
+
+
+def log(**metrics: object) -> None:
+    """Record a row of metrics for this rank at the current optimizer step.
+
+    Values must be single numbers (Python numbers, 0-d or one-element tensors/arrays); others are
+    left out of the row with a warning naming the metric.  Never blocks on the notebook.
+
+    Example (inside ``%%distributed_fit``)::
+
+        log(loss=loss.item(), lr=opt.param_groups[0]["lr"])
+    """
+    run = current_run()
+    run.log_calls += 1
+    # With no optimizer step yet (or none at all) the row is placed by its log call number.
+    step = run.steps if run.strategies or run.steps else run.log_calls
+    run.metrics.record(step, metrics)

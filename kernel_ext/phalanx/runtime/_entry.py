@@ -1,0 +1,194 @@
+"""What an engine runs for one ``%%distributed_fit`` cell.
+
+The kernel calls :func:`stash_objects` once on all engines (shipped names, cached by content
+hash so an unchanged object is never sent twice) and then :func:`run_cell` on every engine with
+that rank's spec and its own shard.  ``run_cell`` never raises: it returns a plain dict saying
+what happened, so the kernel can tell a failing rank from a dead one and report each precisely.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import socket
+import sys
+import time
+import traceback
+from typing import Any
+
+from ._state import RunContext, engine_state
+
+CELL_FILENAME = "<distributed_fit>"
+
+
+def stash_objects(blobs: dict[str, tuple[str, bytes]], keep: list[str]) -> int:
+    """Store pickled shipped objects by name (bytes, not objects: each run unpickles afresh, so
+    a model trained on the engine never leaks into the next run of the cell)."""
+    cache = engine_state().cache
+    for name in [n for n in cache if n not in keep]:
+        cache.pop(name)
+    cache.update(blobs)
+    return len(cache)
+
+
+def cached_hashes() -> dict[str, str]:
+    """Content hashes of what this engine holds (lets the kernel skip re-sending)."""
+    return {name: h for name, (h, _) in engine_state().cache.items()}
+
+
+def run_cell(spec: dict, shard_blob: bytes | None) -> dict:
+    """Run the cell body as rank ``spec['rank']``; returns ``{"ok": ..., ...}``."""
+    import cloudpickle
+
+    started = time.time()
+    state = engine_state()
+    run = None
+    hooks = None
+    try:
+        namespace = _namespace(spec, shard_blob)
+        group = _ensure_group(state, spec)
+        run = _new_run(spec, group)
+        state.run = run
+        _seed(spec.get("seed"), spec["rank"])
+        namespace.update(rank=spec["rank"], world_size=spec["world_size"], device=run.device)
+        hooks = _install_hooks(run, namespace)
+        code = _compile(spec["body"])
+        exec(code, namespace)
+        for strategy, params_fn in run.tracked:
+            strategy.finish(params_fn())
+        _cleanup(run, hooks)
+        hooks = None
+        payload = _returns(spec, namespace)
+        return {"ok": True, "steps": run.steps, "wall_s": time.time() - started,
+                "returns": cloudpickle.dumps(payload) if payload is not None else None}
+    except BaseException as exc:  # KeyboardInterrupt too: the kernel asked us to stop
+        _poison_group(state, exc)
+        return {"ok": False, "interrupted": isinstance(exc, KeyboardInterrupt),
+                "error": type(exc).__name__, "message": str(exc),
+                "traceback": _format_traceback(exc), "steps": run.steps if run else 0,
+                "host": socket.gethostname(), "pid": os.getpid(), "wall_s": time.time() - started}
+    finally:
+        if hooks is not None or run is not None:
+            _cleanup(run, hooks)
+        if run is not None and run.metrics is not None:
+            run.metrics.close()
+        state.run = None
+
+
+def _namespace(spec: dict, shard_blob: bytes | None) -> dict:
+    import cloudpickle
+
+    cache = engine_state().cache
+    namespace: dict[str, Any] = {"__name__": "__phalanx_cell__", "__builtins__": __builtins__}
+    for name in spec["names"]:
+        if name not in cache:
+            raise RuntimeError(f"shipped object {name!r} is missing on this engine; re-run the cell")
+        namespace[name] = cloudpickle.loads(cache[name][1])
+    if shard_blob is not None:
+        namespace.update(cloudpickle.loads(shard_blob))
+    return namespace
+
+
+def _ensure_group(state: Any, spec: dict) -> Any:
+    from ._group import GroupSpec, ensure_group
+
+    state.group = ensure_group(state.group, GroupSpec(**spec["group"]))
+    return state.group
+
+
+def _new_run(spec: dict, group: Any) -> RunContext:
+    from ._collectives import Collectives
+    from ._metrics import MetricsSender
+
+    run = RunContext(run_id=spec["run_id"], rank=spec["rank"], world_size=spec["world_size"],
+                     device=_device(spec), strategy_spec=spec["sync"], every=spec["every"],
+                     alpha=spec["alpha"])
+    run.collectives = Collectives(group)
+    run.metrics = MetricsSender(spec["metrics_address"], spec["run_id"], spec["rank"])
+    return run
+
+
+def _device(spec: dict) -> Any:
+    import torch
+
+    if spec["group"]["backend"] == "nccl" or (os.environ.get("CUDA_VISIBLE_DEVICES")
+                                              and torch.cuda.is_available()):
+        torch.cuda.set_device(0)  # the engine is pinned: its only visible GPU is index 0
+        return torch.device("cuda", 0)
+    return torch.device("cpu")
+
+
+def _seed(seed: int | None, rank: int) -> None:
+    if seed is None:
+        return
+    import random
+
+    import numpy as np
+    import torch
+
+    random.seed(seed + rank)
+    np.random.seed((seed + rank) % 2**32)
+    torch.manual_seed(seed + rank)
+
+
+def _install_hooks(run: RunContext, namespace: dict) -> Any:
+    from ._hooks import StepHooks, is_incremental_estimator, patch_partial_fit
+
+    hooks = StepHooks(run)
+    hooks.install()
+    for value in list(namespace.values()):
+        if is_incremental_estimator(value):
+            patch_partial_fit(value, run)
+    return hooks
+
+
+def _cleanup(run: RunContext | None, hooks: Any) -> None:
+    if hooks is not None:
+        hooks.remove()
+    if run is not None:
+        for undo in run.extra_cleanup:
+            undo()
+        run.extra_cleanup.clear()
+
+
+def _compile(body: str) -> Any:
+    # Registering the source lets tracebacks show the user's lines.
+    linecache.cache[CELL_FILENAME] = (len(body), None, body.splitlines(True), CELL_FILENAME)
+    return compile(body, CELL_FILENAME, "exec")
+
+
+def _returns(spec: dict, namespace: dict) -> dict | None:
+    if not spec["returns"] or (spec["rank"] != 0 and not spec["return_all"]):
+        return None
+    out = {}
+    for name in spec["returns"]:
+        if name not in namespace:
+            raise NameError(f"--return {name}: the cell did not define {name!r}")
+        value = namespace[name]
+        out[name] = getattr(value, "module", value) if _is_ddp(value) else value
+    return out
+
+
+def _is_ddp(value: Any) -> bool:
+    ddp = sys.modules.get("torch.nn.parallel")
+    return ddp is not None and isinstance(value, ddp.DistributedDataParallel)
+
+
+def _poison_group(state: Any, exc: BaseException) -> None:
+    """Tear the group down so peers blocked in a collective with us are released now."""
+    if state.group is not None:
+        try:
+            if state.run is not None and state.run.collectives is not None:
+                state.run.collectives.abort(f"rank {state.run.rank} failed: {exc!r}")
+        finally:
+            state.group.close()
+            state.group = None
+
+
+def _format_traceback(exc: BaseException) -> str:
+    frames = traceback.extract_tb(exc.__traceback__)
+    user = [i for i, f in enumerate(frames) if f.filename == CELL_FILENAME]
+    start = user[0] if user else 0  # hide phalanx's own frames above the user's code
+    lines = traceback.format_list(frames[start:])
+    lines += traceback.format_exception_only(type(exc), exc)
+    return "".join(lines)

@@ -1,0 +1,107 @@
+"""``log(**metrics)`` on an engine: a local buffer and a background sender to the kernel.
+
+The training loop only appends to a list; a daemon thread ships batches every 50 ms over a ZeroMQ
+PUSH socket to the kernel's PULL socket, so training never waits for the notebook.  The final
+flush (at the end of a cell, or when it fails) is synchronous and marked ``final`` so the kernel
+knows it holds the complete history.
+
+Wire format (JSON): ``{"run", "rank", "rows": [[step, t, {name: value}]], "step", "warnings",
+"final"}``.  JSON rather than pickle: the kernel never unpickles what arrives on a socket.
+"""
+
+from __future__ import annotations
+
+import numbers
+import threading
+import time
+from typing import Any
+
+_FLUSH_INTERVAL_S = 0.05
+
+
+def to_number(value: Any) -> float | None:
+    """A metric value as a float, or ``None`` when it is not a single number."""
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    numel = getattr(value, "numel", None) or getattr(value, "size", None)
+    try:
+        count = numel() if callable(numel) else numel
+    except Exception:
+        return None
+    if count == 1 and hasattr(value, "item"):
+        try:
+            item = value.item()
+        except Exception:
+            return None
+        return float(item) if isinstance(item, numbers.Real) else None
+    return None
+
+
+class MetricsSender:
+    """Batch metric rows and step counts of one rank to the kernel."""
+
+    def __init__(self, address: str, run_id: str, rank: int) -> None:
+        import zmq
+
+        self._ctx = zmq.Context.instance()
+        self._socket = self._ctx.socket(zmq.PUSH)
+        self._socket.setsockopt(zmq.LINGER, 2000)
+        self._socket.connect(address)
+        self._run_id, self._rank = run_id, rank
+        self._rows: list[list] = []
+        self._warnings: list[str] = []
+        self._warned: set[str] = set()
+        self._step = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="phalanx-metrics", daemon=True)
+        self._thread.start()
+
+    def record(self, step: int, metrics: dict[str, Any]) -> None:
+        """Append one row; values that are not single numbers are dropped with a warning."""
+        clean: dict[str, float] = {}
+        for name, value in metrics.items():
+            number = to_number(value)
+            if number is None:
+                self._warn_once(name, value)
+                continue
+            clean[name] = number
+        with self._lock:
+            self._rows.append([step, time.time(), clean])
+
+    def set_step(self, step: int) -> None:
+        self._step = step
+
+    def _warn_once(self, name: str, value: Any) -> None:
+        if name in self._warned:
+            return
+        self._warned.add(name)
+        shape = getattr(value, "shape", None)
+        what = f"{type(value).__name__}" + (f" of shape {tuple(shape)}" if shape is not None else "")
+        with self._lock:
+            self._warnings.append(f"metric {name!r} on rank {self._rank} is a {what}, not a single "
+                                  "number: it was left out of the row (log a scalar, e.g. "
+                                  "loss.item())")
+
+    def _loop(self) -> None:
+        while not self._stop.wait(_FLUSH_INTERVAL_S):
+            self._send(final=False)
+
+    def _send(self, final: bool) -> None:
+        with self._lock:
+            rows, self._rows = self._rows, []
+            warnings, self._warnings = self._warnings, []
+        if not rows and not warnings and not final and getattr(self, "_sent_step", -1) == self._step:
+            return
+        self._sent_step = self._step
+        self._socket.send_json({"run": self._run_id, "rank": self._rank, "rows": rows,
+                                "step": self._step, "warnings": warnings, "final": final})
+
+    def close(self) -> None:
+        """Stop the thread and send everything left, marked final."""
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._send(final=True)
+        self._socket.close()

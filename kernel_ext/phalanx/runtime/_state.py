@@ -1,0 +1,70 @@
+"""Per-engine-process state of the runtime (one engine process is one rank at a time).
+
+An engine is a long-lived process that runs many cells; what must survive between cells (the
+warm process group, the shipped-object cache) lives in the one :class:`EngineState` of the
+process, reached through :func:`engine_state`.  What belongs to one cell lives in a
+:class:`RunContext` that is set while the cell runs and cleared after.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class NotInRunError(RuntimeError):
+    """A runtime helper was called outside a ``%%distributed_fit`` cell."""
+
+
+@dataclass
+class RunContext:
+    """What the runtime knows about the cell being run on this engine."""
+
+    run_id: str
+    rank: int
+    world_size: int
+    device: Any
+    strategy_spec: str = "allreduce"
+    every: int = 1
+    alpha: float = 0.5
+    steps: int = 0                      # optimizer steps (or partial_fit calls) so far
+    log_calls: int = 0
+    metrics: Any = None                 # MetricsSender
+    collectives: Any = None             # Collectives (dispatching communicator)
+    ddp_param_ids: set = field(default_factory=set)
+    strategies: dict = field(default_factory=dict)   # id(optimizer or estimator) -> strategy
+    tracked: list = field(default_factory=list)      # (strategy, params_fn) for finish()
+    extra_cleanup: list = field(default_factory=list)
+    abort: threading.Event = field(default_factory=threading.Event)
+
+
+class EngineState:
+    """What survives between cells in one engine process."""
+
+    def __init__(self) -> None:
+        self.group: Any = None          # ProcessGroupHandle of the warm group
+        self.cache: dict[str, tuple[str, Any]] = {}   # shipped name -> (content hash, object)
+        self.run: RunContext | None = None
+
+
+_STATE: EngineState | None = None
+_STATE_LOCK = threading.Lock()
+
+
+def engine_state() -> EngineState:
+    """The process's engine state (created on first use, never at import)."""
+    global _STATE
+    with _STATE_LOCK:
+        if _STATE is None:
+            _STATE = EngineState()
+        return _STATE
+
+
+def current_run() -> RunContext:
+    """The cell being run, or a clear error when called outside ``%%distributed_fit``."""
+    run = engine_state().run
+    if run is None:
+        raise NotInRunError("this phalanx helper only works inside a %%distributed_fit cell "
+                            "(it runs on the cluster's engines)")
+    return run

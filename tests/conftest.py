@@ -1,0 +1,87 @@
+"""Shared fixtures: a real IPython shell with phalanx loaded and real ipyparallel clusters.
+
+Clusters are real (controller + engine processes); every fixture that starts one stops it in its
+finalizer and checks that no engine process survives.
+"""
+
+from __future__ import annotations
+
+import os
+
+import psutil
+import pytest
+
+
+@pytest.fixture(scope="session")
+def shell():
+    """One IPython shell for the test session (IPython's shell is a process singleton)."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "phalanx")
+    yield ip
+    from phalanx._session import close_session
+
+    close_session(ip)
+
+
+def run_cell(shell, source: str):
+    """Run a cell; re-raise what it raised so a test sees the error itself."""
+    result = shell.run_cell(source, store_history=False)
+    if result.error_before_exec is not None:
+        raise result.error_before_exec
+    if result.error_in_exec is not None:
+        raise result.error_in_exec
+    return result.result
+
+
+def engine_pids(session) -> list[int]:
+    return [s.pid for s in session.cluster.slots() if s.pid]
+
+
+def assert_all_gone(pids, timeout: float = 10.0) -> None:
+    """Every pid has exited (zombies count as gone)."""
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    alive = [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+    assert not alive, f"processes still running: {[p.pid for p in alive]}"
+
+
+@pytest.fixture(scope="module")
+def cluster_session(shell):
+    """The shell's session with a running 2-engine CPU cluster (stopped afterwards)."""
+    from phalanx._session import session_for_shell
+
+    session = session_for_shell(shell)
+    if session.cluster.running:
+        session.cluster.stop()
+    session.start_cluster(n=2, gpus="none", timeout=60)
+    yield session
+    pids = engine_pids(session)
+    session.cluster.stop()
+    assert_all_gone(pids)
+
+
+@pytest.fixture
+def two_engines(cluster_session):
+    """The module's cluster, brought back to 2 live engines before the test."""
+    session = cluster_session
+    if not session.cluster.running:
+        session.start_cluster(n=2, gpus="none")
+    if any(s.state == "dead" for s in session.cluster.slots()):
+        session.cluster.restart()
+    if session.cluster.size != 2:
+        session.cluster.scale(2)
+    return session
+
+
+# Engines started by the tests import the package from this checkout and can unpickle functions
+# defined in test modules.
+_TESTS = os.path.dirname(os.path.abspath(__file__))
+_SRC = os.path.join(os.path.dirname(_TESTS), "kernel_ext")
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_SRC, _TESTS, os.environ.get("PYTHONPATH")) if p)

@@ -1,0 +1,171 @@
+"""%cluster on a real ipyparallel cluster, through a real IPython shell."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import psutil
+import pytest
+from IPython.core.error import UsageError
+
+from conftest import assert_all_gone, engine_pids, run_cell
+
+pytestmark = pytest.mark.cluster
+
+
+def _ranks(session):
+    return [(row["rank"], row["engine_id"]) for row in session.status().rows]
+
+
+def test_start_scale_restart_stop_through_the_magic(shell, capsys):
+    from phalanx._session import session_for_shell
+
+    session = session_for_shell(shell)
+    session.cluster.stop()
+    run_cell(shell, "%cluster start -n 2 --gpus none")
+    status = session.status()
+    assert [r["rank"] for r in status.rows] == [0, 1]
+    assert all(r["state"] == "idle" and r["device"] == "cpu" for r in status.rows)
+    first_ids = [r["engine_id"] for r in status.rows]
+    assert all(psutil.pid_exists(pid) for pid in engine_pids(session))
+
+    run_cell(shell, "%cluster scale 3")
+    assert [rank for rank, _ in _ranks(session)] == [0, 1, 2]
+    assert [eid for _, eid in _ranks(session)][:2] == first_ids  # stable when growing
+
+    doomed = session.cluster.slots()[2].pid
+    run_cell(shell, "%cluster scale 2")
+    assert [eid for _, eid in _ranks(session)] == first_ids
+    assert_all_gone([doomed])
+
+    old = session.cluster.slots()[1]
+    run_cell(shell, "%cluster restart 1")
+    new = session.cluster.slots()[1]
+    assert new.engine_id != old.engine_id and session.cluster.size == 2
+    assert session.cluster.slots()[0].engine_id == first_ids[0]
+    assert_all_gone([old.pid])
+    assert session.cluster.client[new.engine_id].apply_sync(lambda: 6 * 7) == 42
+
+    before = engine_pids(session)
+    run_cell(shell, "%cluster restart")
+    assert session.cluster.size == 2 and not set(engine_pids(session)) & set(before)
+    assert_all_gone(before)
+
+    run_cell(shell, "%cluster status")
+    assert "rank" in capsys.readouterr().out
+
+    pids = engine_pids(session)
+    run_cell(shell, "%cluster stop")
+    assert_all_gone(pids)
+    capsys.readouterr()
+    run_cell(shell, "%cluster stop")
+    run_cell(shell, "%cluster status")
+    out = capsys.readouterr().out
+    assert "no cluster is running" in out
+
+
+def test_start_while_running_says_so_and_keeps_the_cluster(cluster_session, shell, capsys):
+    ids = cluster_session.cluster.engine_ids()
+    run_cell(shell, "%cluster start -n 4")
+    assert "already running with 2 engine(s)" in capsys.readouterr().out
+    assert cluster_session.cluster.engine_ids() == ids
+
+
+@pytest.mark.parametrize("line, message", [
+    ("%cluster launch", "unknown %cluster action 'launch'; valid: start, scale, stop"),
+    ("%cluster scale 0", "must be at least 1"),
+    ("%cluster scale -2", "must be at least 1"),
+    ("%cluster scale two", "expected a whole number, got 'two'"),
+    ("%cluster restart 7", "rank 7 does not exist"),
+    ("%cluster scale 100000", "above this cluster's limit"),
+])
+def test_bad_requests_change_nothing(two_engines, shell, line, message):
+    ids = two_engines.cluster.engine_ids()
+    with pytest.raises(UsageError, match=message):
+        run_cell(shell, line)
+    assert two_engines.cluster.engine_ids() == ids
+
+
+@pytest.mark.parametrize("line, message", [
+    ("%cluster start --gpus 0,9", "device\\(s\\) 0, 9 but host"),
+    ("%cluster start --gpus banana", "'banana' is not valid"),
+    ("%cluster start --launcher yarn", "unknown launcher 'yarn'"),
+    ("%cluster start -n 0", "at least 1 engine"),
+])
+def test_bad_start_starts_nothing(shell, line, message):
+    from phalanx._session import session_for_shell
+
+    session = session_for_shell(shell)
+    session.cluster.stop()
+    children = {p.pid for p in psutil.Process().children(recursive=True)}
+    with pytest.raises(UsageError, match=message):
+        run_cell(shell, line)
+    assert not session.cluster.running
+    time.sleep(0.5)
+    assert {p.pid for p in psutil.Process().children(recursive=True)} <= children
+
+
+def test_gpu_pinning_gives_each_engine_one_distinct_device():
+    """A fake device list stands in for nvidia-smi; the engines really get the variable."""
+    from phalanx._session import Session
+
+    session = Session(device_lister=lambda: ["0", "1"])
+    try:
+        session.start_cluster(gpus="auto")  # default: one engine per GPU
+        assert session.cluster.size == 2
+        seen = session.cluster.view().apply_sync(lambda: __import__("os").environ["CUDA_VISIBLE_DEVICES"])
+        assert sorted(seen) == ["0", "1"]
+        assert [r["device"] for r in session.status().rows] == seen
+        assert session.cluster.client[:].apply_sync(lambda: "torch" in __import__("sys").modules) == [False, False]
+    finally:
+        session.close()
+
+
+def test_engines_crashing_at_import_fail_fast_with_the_log_tail(tmp_path, monkeypatch):
+    """Engines that die while importing: the start fails in seconds, not after the timeout."""
+    from phalanx._session import Session
+
+    # Only engine processes carry PHALANX_SLOT, so the controller starts and the engines crash.
+    (tmp_path / "sitecustomize.py").write_text(
+        "import os, sys\n"
+        "if os.environ.get('PHALANX_SLOT'):\n"
+        "    sys.stderr.write('ImportError: phalanx-test: broken engine environment\\n')\n"
+        "    sys.stderr.flush()\n"
+        "    os._exit(3)\n")
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    session = Session()
+    children = {p.pid for p in psutil.Process().children(recursive=True)}
+    started = time.monotonic()
+    try:
+        with pytest.raises(Exception) as info:
+            session.start_cluster(n=2, gpus="none", timeout=60)
+        elapsed = time.monotonic() - started
+        message = str(info.value)
+        assert "local launcher" in message and "broken engine environment" in message
+        assert elapsed < 20, f"took {elapsed:.1f} s"
+        assert not session.cluster.running
+    finally:
+        session.close()
+    time.sleep(0.5)
+    leftover = {p.pid for p in psutil.Process().children(recursive=True)} - children
+    assert_all_gone(leftover)
+
+
+@pytest.mark.skipif(not any(os.access(os.path.join(d, "mpiexec"), os.X_OK)
+                            for d in os.environ.get("PATH", "").split(os.pathsep) + [os.path.dirname(sys.executable)]),
+                    reason="mpiexec not installed (pip install mpich mpi4py)")
+def test_mpi_launcher_starts_engines_under_mpiexec():
+    from phalanx._session import Session
+
+    session = Session()
+    try:
+        session.start_cluster(n=2, gpus="none", launcher="mpi")
+        assert session.cluster.size == 2
+        infos = [s.info for s in session.cluster.slots()]
+        assert [i["mpi_rank"] for i in infos] == [0, 1]  # phalanx rank == MPI rank
+        pids = engine_pids(session)
+    finally:
+        session.close()
+    assert_all_gone(pids)
