@@ -98,7 +98,7 @@ class ClusterManager:
     def slots(self) -> list[EngineSlot]:
         """Slots in rank order."""
         with self._lock:
-            return [self._slots[s] for s in self._ranks]
+            return [self._slots[s] for s in self._ranks if s in self._slots]
 
     def engine_ids(self) -> list[int]:
         """ipyparallel engine ids in rank order."""
@@ -227,10 +227,14 @@ class ClusterManager:
                 raise ClusterError(f"the {self.launcher} launcher starts engines in groups; "
                                    "restart them all with %cluster restart")
         self._stop_sets(sets)
-        with self._lock:
-            for slot_id in targets:
-                self._slots.pop(slot_id)
-        self._add_engines(len(targets), replacing=targets)
+        try:
+            self._add_engines(len(targets), replacing=targets)
+        except BaseException:
+            with self._lock:  # the old engines are gone either way
+                for slot_id in targets:
+                    self._slots[slot_id].state = "dead"
+            self._on_change()
+            raise
         return self.slots()
 
     def _remove_slots(self, slot_ids: list[str]) -> None:
@@ -279,6 +283,7 @@ class ClusterManager:
             for i, slot in enumerate(new_slots):
                 if replacing is not None:
                     self._ranks.replace(replacing[i], slot.slot_id)
+                    self._slots.pop(replacing[i], None)
                 else:
                     self._ranks.append(slot.slot_id)
                 slot.state = "idle"

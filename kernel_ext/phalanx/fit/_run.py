@@ -30,6 +30,7 @@ from ._record import RunRecord
 from ._tracker import RunTracker
 
 RELEASE_GRACE_S = 10.0   # after interrupting, how long ranks get to come back before we say so
+SECONDARY_GRACE_S = 1.0  # how long a rank's own error may take to arrive after a peer's abort
 POLL_S = 0.005
 
 
@@ -214,14 +215,21 @@ class _Waiter:
 
     def wait(self, results: dict[int, dict]) -> str:
         status = "done"
-        start = time.monotonic()
+        start = failed_at = time.monotonic()
         pending = set(range(len(self.ars)))
         interrupted = False
         while pending:
             try:
                 self._collect(pending, results)
-                if status == "done" and any(not r.get("ok") for r in results.values()):
-                    status = "failed"
+                failed = [r for r in results.values() if not r.get("ok")]
+                if status == "done" and failed:
+                    status, failed_at = "failed", time.monotonic()
+                # A rank released by a peer's failure reports a collective error; the peer that
+                # failed first is usually finishing on its own, so give it a moment to report
+                # its real error before interrupting it.
+                if status == "failed" and self.released_at is None and (
+                        any(r.get("error") not in _SECONDARY for r in failed)
+                        or time.monotonic() - failed_at > SECONDARY_GRACE_S):
                     self._release(pending)
                 if self.opts.timeout and status == "done" and time.monotonic() - start > self.opts.timeout:
                     status = "timeout"

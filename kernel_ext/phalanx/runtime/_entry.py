@@ -62,17 +62,28 @@ def run_cell(spec: dict, shard_blob: bytes | None) -> dict:
         return {"ok": True, "steps": run.steps, "wall_s": time.time() - started,
                 "returns": cloudpickle.dumps(payload) if payload is not None else None}
     except BaseException as exc:  # KeyboardInterrupt too: the kernel asked us to stop
-        _poison_group(state, exc)
-        return {"ok": False, "interrupted": isinstance(exc, KeyboardInterrupt),
-                "error": type(exc).__name__, "message": str(exc),
-                "traceback": _format_traceback(exc), "steps": run.steps if run else 0,
-                "host": socket.gethostname(), "pid": os.getpid(), "wall_s": time.time() - started}
+        # Describe the failure before cleaning up: an interrupt arriving during the cleanup must
+        # not replace the error that caused it.
+        failure = {"ok": False, "interrupted": isinstance(exc, KeyboardInterrupt),
+                   "error": type(exc).__name__, "message": str(exc),
+                   "traceback": _format_traceback(exc), "steps": run.steps if run else 0,
+                   "host": socket.gethostname(), "pid": os.getpid()}
+        _shielded(_poison_group, state, exc)
+        return {**failure, "wall_s": time.time() - started}
     finally:
         if hooks is not None or run is not None:
-            _cleanup(run, hooks)
+            _shielded(_cleanup, run, hooks)
         if run is not None and run.metrics is not None:
-            run.metrics.close()
+            _shielded(run.metrics.close)
         state.run = None
+
+
+def _shielded(fn: Any, *args: Any) -> None:
+    """Run a cleanup step to the end even if the kernel's interrupt arrives meanwhile."""
+    try:
+        fn(*args)
+    except KeyboardInterrupt:
+        fn(*args)
 
 
 def _namespace(spec: dict, shard_blob: bytes | None) -> dict:

@@ -1,0 +1,271 @@
+"""Sync strategies: *when* and *how* data-parallel ranks agree (Platoon's split), over a Communicator.
+
+The runtime calls the hooks around the user's optimizer step::
+
+    strategy.start(params)                  # once: every rank starts from rank 0's parameters
+    for step, batch in enumerate(...):      # the user's loop
+        loss.backward()
+        strategy.before_step(params, step)  # gradient averaging happens here
+        opt.step()
+        strategy.after_step(params, step)   # parameter averaging / elastic updates
+    strategy.finish(params)                 # ranks agree on the final model where one is implied
+
+``step`` is the 0-based index of the optimizer step; ``should_sync(step)`` is true every ``every``-th
+step (steps ``every-1``, ``2*every-1``, ...).  ``params`` is a list of torch parameters (their
+``.data`` and ``.grad`` are used) and/or numpy arrays such as scikit-learn's ``coef_`` and
+``intercept_``.  Items without gradients (numpy arrays, tensors that do not require grad) are
+synchronised by averaging their values where a strategy would average gradients.  The list must
+have the same structure on every rank and from call to call.
+
+Example::
+
+    >>> import numpy as np, threading
+    >>> from phalanx.runtime._comm import make_thread_communicators
+    >>> comms = make_thread_communicators(2)
+    >>> ws = [np.array([float(c.rank)]) for c in comms]
+    >>> def run(c, w):
+    ...     s = make_strategy("localsgd", c, every=1)
+    ...     s.after_step([w], step=0)
+    >>> ts = [threading.Thread(target=run, args=cw) for cw in zip(comms, ws)]
+    >>> for t in ts: t.start()
+    >>> for t in ts: t.join()
+    >>> ws[0].tolist(), ws[1].tolist()
+    ([0.5], [0.5])
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any, Sequence
+
+import numpy as np
+
+from ._comm import Communicator
+
+__all__ = ["SyncStrategy", "AllreduceSync", "LocalSGD", "EASGD", "NoSync", "make_strategy",
+           "STRATEGIES"]
+
+
+class SyncStrategy:
+    """Base class: no synchronisation except the initial broadcast; subclass and override hooks.
+
+    Example::
+
+        class EveryOther(SyncStrategy):
+            name = "every-other"
+            def after_step(self, params, step):
+                if step % 2:
+                    self.comm.allreduce(_values(params), op="mean")
+    """
+
+    name = "base"
+    #: True when the strategy averages gradients every step, so DDP may do it instead.
+    averages_gradients = False
+
+    def __init__(self, comm: Communicator, every: int = 1, alpha: float = 0.5) -> None:
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"every must be an integer >= 1, got {every!r}")
+        if not isinstance(alpha, (int, float)) or not 0.0 < alpha <= 1.0:
+            raise ValueError(f"alpha must be in (0, 1], got {alpha!r}")
+        self.comm, self.every, self.alpha = comm, every, float(alpha)
+
+    def should_sync(self, step: int) -> bool:
+        """Whether ``step`` (0-based) is a synchronisation step."""
+        return (step + 1) % self.every == 0
+
+    def start(self, params: Sequence[Any]) -> None:
+        """Give every rank rank 0's parameters."""
+        self.comm.broadcast(_values(params), src=0)
+
+    def before_step(self, params: Sequence[Any], step: int) -> None:
+        """Called after backward, before ``optimizer.step()``."""
+
+    def after_step(self, params: Sequence[Any], step: int) -> None:
+        """Called after ``optimizer.step()``."""
+
+    def finish(self, params: Sequence[Any]) -> None:
+        """Called once after the last step."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(every={self.every}, alpha={self.alpha})"
+
+
+class AllreduceSync(SyncStrategy):
+    """Gradients averaged every step (``every`` is ignored), like DistributedDataParallel.
+
+    Items without gradients are averaged after every step instead.
+    """
+
+    name = "allreduce"
+    averages_gradients = True
+
+    def before_step(self, params: Sequence[Any], step: int) -> None:
+        grads = _grads(params)
+        if grads:
+            self.comm.allreduce(grads, op="mean")
+
+    def after_step(self, params: Sequence[Any], step: int) -> None:
+        plain = _without_grads(params)
+        if plain:
+            self.comm.allreduce(plain, op="mean")
+
+
+class LocalSGD(SyncStrategy):
+    """``every`` local steps, then parameters averaged (post-local SGD, Lin et al. 2020)."""
+
+    name = "localsgd"
+
+    def __init__(self, comm: Communicator, every: int = 1, alpha: float = 0.5) -> None:
+        super().__init__(comm, every, alpha)
+        self._dirty = False
+
+    def after_step(self, params: Sequence[Any], step: int) -> None:
+        if self.should_sync(step):
+            self.comm.allreduce(_values(params), op="mean")
+            self._dirty = False
+        else:
+            self._dirty = True
+
+    def finish(self, params: Sequence[Any]) -> None:
+        """Average once more if local steps happened since the last average."""
+        if self._dirty:
+            self.comm.allreduce(_values(params), op="mean")
+            self._dirty = False
+
+
+class EASGD(SyncStrategy):
+    """Synchronous elastic averaging SGD (Zhang, Choromanska, LeCun 2015).
+
+    Every ``every`` steps each worker moves ``alpha * (x_i - centre)`` toward the centre and the
+    centre moves by the sum of those moves.  Every rank keeps an identical replica of the centre
+    (same start, same allreduced update).  The centre's rate is ``beta = world_size * alpha``;
+    the paper uses ``beta`` around 0.9, and ``beta > 1`` overshoots.  ``finish`` sets every rank's
+    parameters to the centre.
+    """
+
+    name = "easgd"
+
+    def __init__(self, comm: Communicator, every: int = 1, alpha: float = 0.5) -> None:
+        super().__init__(comm, every, alpha)
+        self.centre: list[Any] | None = None
+        self._moves: list[Any] | None = None
+
+    def start(self, params: Sequence[Any]) -> None:
+        super().start(params)
+        values = _values(params)
+        self.centre = [_copy(v) for v in values]
+        self._moves = [_copy(v) for v in values]
+
+    def after_step(self, params: Sequence[Any], step: int) -> None:
+        if not self.should_sync(step):
+            return
+        values, centre, moves = _values(params), self._require_centre(), self._moves
+        for x, c, d in zip(values, centre, moves):
+            _elastic_move(x, c, d, self.alpha)  # d = alpha * (x - c); x -= d
+        self.comm.allreduce(moves, op="sum")
+        for c, d in zip(centre, moves):
+            c += d
+
+    def finish(self, params: Sequence[Any]) -> None:
+        for x, c in zip(_values(params), self._require_centre()):
+            x[...] = c
+
+    def _require_centre(self) -> list[Any]:
+        if self.centre is None:
+            raise RuntimeError("EASGD.start(params) must run before the first step")
+        return self.centre
+
+
+class NoSync(SyncStrategy):
+    """Independent ranks (ensembles, debugging): no communication at all, not even at start."""
+
+    name = "none"
+
+    def start(self, params: Sequence[Any]) -> None:
+        pass
+
+
+STRATEGIES: dict[str, type[SyncStrategy]] = {
+    cls.name: cls for cls in (AllreduceSync, LocalSGD, EASGD, NoSync)}
+
+
+def make_strategy(spec: str | type, comm: Communicator, every: int = 1,
+                  alpha: float = 0.5) -> SyncStrategy:
+    """Build a strategy from a flag value: a known name or ``"pkg.mod.Class"`` of a subclass.
+
+    Example::
+
+        >>> from phalanx.runtime._comm import make_thread_communicators
+        >>> make_strategy("easgd", make_thread_communicators(1)[0], every=4, alpha=0.3)
+        EASGD(every=4, alpha=0.3)
+    """
+    cls = spec if isinstance(spec, type) else _resolve(spec)
+    if not (isinstance(cls, type) and issubclass(cls, SyncStrategy)):
+        raise ValueError(f"sync strategy {spec!r} is not a phalanx SyncStrategy subclass")
+    return cls(comm, every=every, alpha=alpha)
+
+
+def _resolve(spec: Any) -> Any:
+    if not isinstance(spec, str) or not spec:
+        raise ValueError(f"sync strategy must be a name or a dotted class path, got {spec!r}")
+    if spec in STRATEGIES:
+        return STRATEGIES[spec]
+    module_name, _, attr = spec.rpartition(".")
+    if not module_name:
+        raise ValueError(f"unknown sync strategy {spec!r}; expected one of "
+                         f"{', '.join(STRATEGIES)} or a dotted name like 'pkg.mod.MyStrategy'")
+    try:
+        module = sys.modules.get(module_name) or importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"sync strategy {spec!r}: cannot import {module_name!r} ({exc})") from exc
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise ValueError(f"sync strategy {spec!r}: module {module_name!r} has no {attr!r}") from None
+
+
+# -- parameter access: torch parameters and numpy arrays ------------------------------------------
+
+
+def _is_tensor(x: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def _values(params: Sequence[Any]) -> list[Any]:
+    """The arrays holding the parameter values (``.data`` of tensors, numpy arrays as they are)."""
+    return [p.detach() if _is_tensor(p) else p for p in params]
+
+
+def _grads(params: Sequence[Any]) -> list[Any]:
+    """Gradients of the tensors that require grad; a missing one becomes zeros so that every
+    rank contributes the same list (as DDP does for unused parameters)."""
+    torch = sys.modules.get("torch")
+    out = []
+    for p in params:
+        if _is_tensor(p) and p.requires_grad:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            out.append(p.grad)
+    return out
+
+
+def _without_grads(params: Sequence[Any]) -> list[Any]:
+    return [p.detach() if _is_tensor(p) else p for p in params
+            if not (_is_tensor(p) and p.requires_grad)]
+
+
+def _copy(x: Any) -> Any:
+    return x.clone() if _is_tensor(x) else np.array(x, copy=True)
+
+
+def _elastic_move(x: Any, centre: Any, move: Any, alpha: float) -> None:
+    """``move = alpha * (x - centre); x -= move`` in place, without temporaries."""
+    if _is_tensor(x):
+        move.copy_(x).sub_(centre).mul_(alpha)
+        x.sub_(move)
+    else:
+        np.subtract(x, centre, out=move)
+        move *= alpha
+        x -= move

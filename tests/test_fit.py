@@ -1,0 +1,317 @@
+"""%%distributed_fit on a real 2-engine cluster with real torch.distributed and shared memory."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+from IPython.core.error import UsageError
+
+from conftest import run_cell
+
+pytestmark = pytest.mark.cluster
+
+SETUP = """
+import torch, numpy as np
+from phalanx import log, allreduce, wrap
+torch.manual_seed(0)
+X = torch.randn(64, 5)
+y = X @ torch.arange(1.0, 6.0) + 0.3
+model = torch.nn.Linear(5, 1)
+"""
+
+LOOP = """
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+for step in range(STEPS):
+    opt.zero_grad()
+    loss = ((model(X).squeeze(1) - y) ** 2).mean()
+    loss.backward()
+    opt.step()
+    log(loss=loss.item())
+"""
+
+
+def _reference(shell, steps: int) -> torch.nn.Module:
+    """The same loop, single process, full batch."""
+    ns = shell.user_ns
+    model = torch.nn.Linear(5, 1)
+    model.load_state_dict(ns["model"].state_dict())
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for _ in range(steps):
+        opt.zero_grad()
+        ((model(ns["X"]).squeeze(1) - ns["y"]) ** 2).mean().backward()
+        opt.step()
+    return model
+
+
+def _params(model) -> np.ndarray:
+    return torch.cat([p.detach().flatten() for p in model.parameters()]).numpy()
+
+
+@pytest.fixture
+def fit(two_engines, shell):
+    run_cell(shell, SETUP + "STEPS = 12\n")
+    return two_engines
+
+
+def test_allreduce_matches_single_process_full_batch(fit, shell):
+    run_cell(shell, "%%distributed_fit --shard X,y --return model --seed 3\n" + LOOP.replace("model(", "model("))
+    trained = shell.user_ns["model"]
+    reference = _reference(shell, 12) if False else None
+    run_cell(shell, SETUP)  # the original model again, for the reference
+    reference = _reference(shell, 12)
+    np.testing.assert_allclose(_params(trained), _params(reference), atol=1e-5)
+    record = fit.last_run()
+    assert record.status == "done" and record.steps == {0: 12, 1: 12}
+    rows = record.history.rows()
+    assert sorted({(r["rank"], r["step"]) for r in rows}) == [(r, s) for r in (0, 1) for s in range(1, 13)]
+
+
+def test_ddp_wrap_matches_single_process_full_batch(fit, shell):
+    body = LOOP.replace("opt = torch.optim.SGD(model.parameters(), lr=0.05)",
+                        "net = wrap(model)\nopt = torch.optim.SGD(net.parameters(), lr=0.05)")
+    body = body.replace("model(X)", "net(X)")
+    run_cell(shell, "%%distributed_fit --shard X,y --return model\n" + body)
+    trained = shell.user_ns["model"]
+    assert isinstance(trained, torch.nn.Linear)
+    run_cell(shell, SETUP)
+    np.testing.assert_allclose(_params(trained), _params(_reference(shell, 12)), atol=1e-5)
+
+
+def test_localsgd_every_step_equals_allreduce_for_plain_sgd(fit, shell):
+    run_cell(shell, "%%distributed_fit --shard X,y --return model --sync allreduce\n" + LOOP)
+    by_allreduce = _params(shell.user_ns["model"])
+    run_cell(shell, SETUP + "STEPS = 12\n")
+    run_cell(shell, "%%distributed_fit --shard X,y --return model --sync localsgd --every 1\n" + LOOP)
+    np.testing.assert_allclose(_params(shell.user_ns["model"]), by_allreduce, atol=1e-5)
+
+
+def test_easgd_converges_on_a_convex_problem(fit, shell):
+    run_cell(shell, SETUP + "STEPS = 150\n")
+    run_cell(shell, "%%distributed_fit --shard X,y --return model --sync easgd --every 4 --alpha 0.3\n" + LOOP)
+    model = shell.user_ns["model"]
+    with torch.no_grad():
+        mse = ((model(shell.user_ns["X"]).squeeze(1) - shell.user_ns["y"]) ** 2).mean().item()
+    assert mse < 0.05, mse
+
+
+def test_sklearn_partial_fit_averaging_is_close_to_single_process(two_engines, shell):
+    run_cell(shell, """
+from sklearn.datasets import load_digits
+from sklearn.linear_model import SGDClassifier
+from sklearn.preprocessing import StandardScaler
+digits = load_digits()
+Xd = StandardScaler().fit_transform(digits.data)
+order = np.random.RandomState(0).permutation(len(Xd))
+Xd, yd = Xd[order], digits.target[order]
+Xtr, ytr, Xte, yte = Xd[:1400], yd[:1400], Xd[1400:], yd[1400:]
+clf = SGDClassifier(loss="log_loss", alpha=1e-3, random_state=0)
+single = SGDClassifier(loss="log_loss", alpha=1e-3, random_state=0)
+for epoch in range(5):
+    for i in range(0, len(Xtr), 100):
+        single.partial_fit(Xtr[i:i + 100], ytr[i:i + 100], classes=np.arange(10))
+""")
+    run_cell(shell, """%%distributed_fit --shard Xtr,ytr --return clf --seed 0
+for epoch in range(5):
+    for i in range(0, len(Xtr), 50):
+        clf.partial_fit(Xtr[i:i + 50], ytr[i:i + 50], classes=np.arange(10))
+""")
+    ns = shell.user_ns
+    distributed = ns["clf"].score(ns["Xte"], ns["yte"])
+    single = ns["single"].score(ns["Xte"], ns["yte"])
+    assert distributed >= single - 0.02, (distributed, single)
+    assert "partial_fit" not in vars(ns["clf"])  # the returned estimator is a plain estimator
+    assert two_engines.last_run().steps[0] == 5 * 14
+
+
+def test_warm_reuse_keeps_the_process_group_and_scaling_reforms_it(fit, shell):
+    probe = """%%distributed_fit --return group_id,ws
+from phalanx.runtime._state import engine_state
+group_id, ws = id(engine_state().group), world_size
+"""
+    run_cell(shell, probe)
+    first = shell.user_ns["group_id"]
+    started = time.perf_counter()
+    run_cell(shell, probe)
+    warm = time.perf_counter() - started
+    assert shell.user_ns["group_id"] == first, "a warm re-run formed a new group"
+    assert warm < 2.0
+    run_cell(shell, "%cluster scale 3")
+    run_cell(shell, probe)
+    assert shell.user_ns["ws"] == 3
+    run_cell(shell, "%cluster scale 2")
+
+
+def test_seeded_runs_repeat_the_same_history(fit, shell):
+    body = """%%distributed_fit --seed 7
+net = torch.nn.Linear(5, 1)
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+for _ in range(5):
+    opt.zero_grad(); loss = ((net(torch.randn(8, 5)) - 1) ** 2).mean(); loss.backward(); opt.step()
+    log(loss=loss.item())
+"""
+    run_cell(shell, body)
+    first = [(r["rank"], r["step"], r["loss"]) for r in fit.last_run().history.rows()]
+    run_cell(shell, body)
+    second = [(r["rank"], r["step"], r["loss"]) for r in fit.last_run().history.rows()]
+    assert sorted(first) == sorted(second) and len(first) == 10
+
+
+def test_each_rank_receives_only_its_shard(fit, shell):
+    run_cell(shell, "big = np.arange(101 * 3).reshape(101, 3)\n")
+    run_cell(shell, "%%distributed_fit --shard big\nlog(rows=len(big), first=float(big[0, 0]))\n")
+    rows = {r["rank"]: r for r in fit.last_run().history.rows()}
+    assert rows[0]["rows"] == 50 and rows[1]["rows"] == 51
+    assert rows[0]["first"] == 0 and rows[1]["first"] == 150
+
+
+def test_collectives_on_tensors_arrays_and_dicts(fit, shell):
+    run_cell(shell, """%%distributed_fit --return t,a,d,m
+t = allreduce(torch.full((3,), float(rank + 1)), op="sum")
+a = allreduce(np.full(2, rank + 1.0), op="max")
+d = allreduce({"correct": 10.0 * (rank + 1), "seen": 20.0}, op="sum")
+m = allreduce(rank + 1, op="mean")
+""")
+    ns = shell.user_ns
+    assert ns["t"].tolist() == [3.0, 3.0, 3.0]
+    assert ns["a"].tolist() == [2.0, 2.0]
+    assert ns["d"] == {"correct": 30.0, "seen": 40.0}
+    assert ns["m"] == 1.5
+
+
+def test_notebook_defined_class_round_trips_as_the_same_class(fit, shell):
+    run_cell(shell, """
+class TinyNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(5, 1)
+    def forward(self, x):
+        return self.lin(x)
+tiny = TinyNet()
+""")
+    run_cell(shell, "%%distributed_fit --shard X,y --return tiny\n" + LOOP.replace("model", "tiny"))
+    assert type(shell.user_ns["tiny"]) is shell.user_ns["TinyNet"]
+
+
+def test_non_numeric_metric_warns_and_keeps_the_row(fit, shell):
+    from phalanx.fit import MetricWarning
+
+    with pytest.warns(MetricWarning, match="metric 'vec' on rank"):
+        run_cell(shell, "%%distributed_fit\nlog(ok=1.0, vec=torch.ones(3), name='x')\n")
+    rows = fit.last_run().history.rows()
+    assert len(rows) == 2 and all(r["ok"] == 1.0 and "vec" not in r for r in rows)
+
+
+# --- faults: one clear error naming the rank; the engines run the next cell -----------------
+
+def _assert_next_run_works(shell, session):
+    run_cell(shell, "%%distributed_fit --return total\ntotal = allreduce(1.0, op='sum')\n")
+    assert shell.user_ns["total"] == 2.0
+    assert session.last_run().status == "done"
+
+
+def test_exception_on_one_rank_names_it_and_releases_the_others(fit, shell):
+    from phalanx.fit import DistributedFitError
+
+    started = time.monotonic()
+    with pytest.raises(DistributedFitError) as info:
+        run_cell(shell, """%%distributed_fit
+for step in range(3):
+    allreduce(np.ones(4))
+if rank == 1:
+    raise ValueError("bad batch on the second rank")
+allreduce(np.ones(4))   # rank 0 waits here for a partner that never comes
+""")
+    elapsed = time.monotonic() - started
+    message = str(info.value)
+    assert "rank 1" in message and "ValueError: bad batch on the second rank" in message
+    assert "host" in message and info.value.rank == 1
+    assert elapsed < 10, elapsed
+    _assert_next_run_works(shell, fit)
+
+
+def test_engine_dying_mid_run_is_reported_within_seconds(fit, shell):
+    from phalanx.fit import DistributedFitError
+
+    started = time.monotonic()
+    with pytest.raises(DistributedFitError) as info:
+        run_cell(shell, """%%distributed_fit
+import os, signal
+for step in range(1000):
+    allreduce(np.ones(4))
+    if rank == 1 and step == 3:
+        os.kill(os.getpid(), signal.SIGKILL)
+""")
+    assert time.monotonic() - started < 10
+    assert "rank 1" in str(info.value) and "died" in str(info.value)
+    run_cell(shell, "%cluster restart 1")
+    _assert_next_run_works(shell, fit)
+
+
+def test_timeout_stops_the_run_with_each_ranks_last_step(fit, shell):
+    from phalanx.fit import DistributedFitError
+
+    started = time.monotonic()
+    with pytest.raises(DistributedFitError, match="passed --timeout 2 s") as info:
+        run_cell(shell, "%%distributed_fit --timeout 2\nwhile True:\n    allreduce(np.ones(2))\n")
+    assert time.monotonic() - started < 8
+    assert "rank 0:" in str(info.value) and "rank 1:" in str(info.value)
+    _assert_next_run_works(shell, fit)
+
+
+def test_kernel_interrupt_stops_every_rank(fit, shell):
+    import os
+    import signal
+    import threading
+
+    from phalanx.fit import DistributedFitError
+
+    timer = threading.Timer(1.5, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    started = time.monotonic()
+    with pytest.raises(DistributedFitError, match="interrupted"):
+        run_cell(shell, "%%distributed_fit\nimport time\nwhile True:\n    time.sleep(0.01)\n")
+    assert time.monotonic() - started < 1.5 + 5
+    assert all(r["state"] == "idle" for r in fit.status().rows)
+    _assert_next_run_works(shell, fit)
+
+
+def test_unpicklable_object_is_refused_naming_its_path(fit, shell):
+    from phalanx.fit import ShippingError
+
+    run_cell(shell, "import threading\nclass Holder:\n    pass\nholder = Holder()\nholder.inner = {'lock': threading.Lock()}\n")
+    with pytest.raises(UsageError, match=r"cannot send holder\.inner\['lock'\]"):
+        run_cell(shell, "%%distributed_fit\nprint(holder)\n")
+    assert ShippingError  # the magic shows ShippingError as a one-line usage error
+
+
+def test_unknown_name_is_a_name_error_before_dispatch(fit, shell):
+    with pytest.raises(NameError, match="'no_such_thing'"):
+        run_cell(shell, "%%distributed_fit\nprint(no_such_thing)\n")
+
+
+@pytest.mark.parametrize("flags, message", [
+    ("--sync turbo", "unknown --sync 'turbo'"),
+    ("--every 0", "--every must be a whole number of at least 1"),
+    ("-n 5", "more ranks than the 2 engine"),
+    ("--shard seven", "--shard seven: a int has no rows"),
+    ("--backend nccl", "--backend nccl needs a GPU"),
+    ("--backend mpi", "--backend mpi needs engines started together under MPI"),
+    ("--alpha 2", "--alpha must be in"),
+])
+def test_bad_flags_send_nothing(fit, shell, flags, message):
+    run_cell(shell, "seven = 7\n")
+    with pytest.raises(UsageError, match=message):
+        run_cell(shell, f"%%distributed_fit {flags}\nprint(seven)\n")
+
+
+def test_large_objects_get_a_warning_naming_them(fit, shell, monkeypatch):
+    from phalanx.fit import ShippingWarning
+    from phalanx.fit import _shipping
+
+    monkeypatch.setattr(_shipping, "LARGE_OBJECT_BYTES", 10_000)
+    run_cell(shell, "weights = np.zeros(100_000)\n")
+    with pytest.warns(ShippingWarning, match="sending weights"):
+        run_cell(shell, "%%distributed_fit\nprint(weights.shape)\n")
