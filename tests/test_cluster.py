@@ -166,6 +166,15 @@ def test_mpi_launcher_starts_engines_under_mpiexec():
         infos = [s.info for s in session.cluster.slots()]
         assert [i["mpi_rank"] for i in infos] == [0, 1]  # phalanx rank == MPI rank
         pids = engine_pids(session)
+        from phalanx.fit import FitOptions
+
+        ns = {"np": __import__("numpy")}
+        body = ("from phalanx import allreduce\n"
+                "from phalanx.runtime._state import current_run\n"
+                "total = allreduce(np.full(3, rank + 1.0), op='sum')\n"
+                "via = type(current_run().collectives._pick([total])).__name__\n")
+        session.distributed_fit(body, FitOptions.build(backend="mpi", returns="total,via"), ns)
+        assert ns["total"].tolist() == [3.0, 3.0, 3.0] and ns["via"] == "MpiCommunicator"
     finally:
         session.close()
     assert_all_gone(pids)

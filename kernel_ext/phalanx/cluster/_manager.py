@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 from ._gpus import GpuSpec, assign_devices, default_engine_count, parse_gpu_spec, pinning_env, visible_gpus
 from ._loop import LoopThread
-from ._probe import identify_engine, pin_engine
+from ._probe import identify_engine, pin_engine, warm_up
 from ._ranks import RankTable
 from ._launchers import LAUNCHERS, ClusterError, resolve_launcher, log_tail
 
@@ -358,6 +358,7 @@ class ClusterManager:
             time.sleep(0.05)
         if self.launcher != "local":
             self._pin_group(slots)
+        self.client[[s.engine_id for s in slots]].apply_async(warm_up)  # not awaited
 
     def _match(self, info: dict, pending: dict[str, EngineSlot]) -> EngineSlot | None:
         if info["slot"] in pending:

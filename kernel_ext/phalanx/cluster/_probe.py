@@ -48,3 +48,16 @@ def pin_engine(slot: str, device: str | None) -> str:
     os.environ["PHALANX_SLOT"] = slot
     os.environ["CUDA_VISIBLE_DEVICES"] = "" if device is None else device
     return os.environ["CUDA_VISIBLE_DEVICES"]
+
+
+def warm_up() -> bool:
+    """Import what the first training cell needs, while the user is still typing.
+
+    Sent without waiting right after engines register, so the first ``%%distributed_fit``
+    does not pay for importing torch.  Importing torch does not initialise CUDA.
+    """
+    import torch  # noqa: F401
+    import torch.distributed  # noqa: F401
+
+    import phalanx.runtime._entry  # noqa: F401
+    return True

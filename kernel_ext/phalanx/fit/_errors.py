@@ -32,6 +32,10 @@ def describe_failure(rank: int, result: dict, slot) -> str:
         return (f"{where} died during the run after step {steps}"
                 + (f" (exit code {code})" if code is not None else "")
                 + f". Bring it back with %cluster restart {rank}.")
+    if result.get("error") == "Unresponsive":
+        return (f"{where} stopped answering: it did not come back within "
+                f"{result.get('grace_s', 10):g} s of an interrupt (stuck in native code?), so "
+                f"its engine was restarted; its last reported step was {steps}.")
     if result.get("interrupted"):
         return f"{where} was stopped at step {steps}."
     trace = result.get("traceback", "").rstrip()

@@ -19,6 +19,7 @@ class MetricHistory:
 
     def __init__(self) -> None:
         self._rows: list[dict] = []
+        self._latest: dict[int, dict[str, float]] = {}
         self._lock = threading.Lock()
 
     def extend(self, rank: int, rows: list) -> list[dict]:
@@ -27,6 +28,11 @@ class MetricHistory:
                  for step, t, metrics in rows]
         with self._lock:
             self._rows.extend(added)
+            # Kept up to date here because the run tracker asks for it at ~10/s per rank: a scan
+            # of the whole history there grew with the run and starved the receiver thread.
+            latest = self._latest.setdefault(rank, {})
+            for row in added:
+                latest.update({k: v for k, v in row.items() if k not in ("rank", "step", "t")})
         return added
 
     def __len__(self) -> int:
@@ -47,11 +53,8 @@ class MetricHistory:
 
     def latest(self, rank: int) -> dict[str, float]:
         """The last logged value of each metric of ``rank``."""
-        out: dict[str, float] = {}
-        for row in self.rows():
-            if row["rank"] == rank:
-                out.update({k: v for k, v in row.items() if k not in ("rank", "step", "t")})
-        return out
+        with self._lock:
+            return dict(self._latest.get(rank, {}))
 
     def to_pandas(self) -> Any:
         """The history as a DataFrame (columns rank, step, t and one per metric)."""

@@ -30,7 +30,7 @@ from ._record import RunRecord
 from ._tracker import RunTracker
 
 RELEASE_GRACE_S = 10.0   # after interrupting, how long ranks get to come back before we say so
-SECONDARY_GRACE_S = 1.0  # how long a rank's own error may take to arrive after a peer's abort
+SECONDARY_GRACE_S = 3.0  # how long a rank's own error may take to arrive after a peer's abort
 POLL_S = 0.005
 
 
@@ -42,7 +42,9 @@ class FitRunner:
         self._emit = emit
         self._id = uuid.uuid4().hex[:8]
         self._counter = itertools.count(1)
-        self._epoch = 0
+        self._formations = itertools.count(1)
+        self._groups: dict[int, str] = {}             # engine id -> key of the group it holds
+        self._members: dict[str, tuple[int, ...]] = {}  # group key -> engine ids in rank order
         self._sent: dict[int, dict[str, str]] = {}
         self._versions: dict[tuple, list[dict]] = {}
         self._receiver: MetricsReceiver | None = None
@@ -114,11 +116,31 @@ class FitRunner:
             check_versions(self._versions[key], slots)
         return self._versions[key]
 
-    def _store_for(self, slots: list) -> tuple:
+    def _group_key(self, slots: list) -> str:
+        """The warm group's key when exactly these engines hold it, else a new one (re-form)."""
+        members = tuple(s.engine_id for s in slots)
+        held = {self._groups.get(eid) for eid in members}
+        if len(held) == 1 and None not in held:
+            key = held.pop()
+            if self._members.get(key) == members:
+                return key
+        key = f"phx-{self._id}-{next(self._formations)}-w{len(members)}"
+        self._members[key] = members
+        return key
+
+    def _group_settled(self, slots: list, key: str, ok: bool) -> None:
+        """Remember which engines hold a working group (failed ranks tear theirs down)."""
+        for slot in slots:
+            if ok:
+                self._groups[slot.engine_id] = key
+            else:
+                self._groups.pop(slot.engine_id, None)
+
+    def _store_for(self, slots: list, key: str) -> tuple:
         hosts = {s.host for s in slots}
         if len(hosts) == 1 and all(s.address.startswith("127.") or s.host == os.uname().nodename
                                    for s in slots):
-            return ("file", os.path.join(self._store_dir, f"store-{self._id}-{self._epoch}"))
+            return ("file", os.path.join(self._store_dir, key))
         import datetime
 
         import torch.distributed as dist
@@ -139,9 +161,8 @@ class FitRunner:
 
     def _specs(self, run_id: str, body: str, opts: FitOptions, slots: list, prepared: Prepared,
                backend: str) -> list[dict]:
-        generation, _ = self.cluster.topology()
-        key = f"phx-{self._id}-g{generation}-e{self._epoch}-w{len(slots)}"
-        store = self._store_for(slots)
+        key = self._group_key(slots)
+        store = self._store_for(slots, key)
         receiver = self._receiver_for(slots)
         group = {"key": key, "world_size": len(slots), "store": store, "backend": backend,
                  "timeout_s": opts.collective_timeout, "hosts": tuple(s.host for s in slots),
@@ -181,7 +202,7 @@ class FitRunner:
                    for s, spec, blob in zip(slots, specs, prepared.shard_blobs)]
             status = _Waiter(self, slots, ars, tracker, opts).wait(results)
         except BaseException:
-            self._epoch += 1
+            self._group_settled(slots, specs[0]["group"]["key"], ok=False)
             raise
         wall = time.monotonic() - started
         tracker.wait_final([r for r, res in results.items() if res.get("error") != "EngineDied"], 2.0)
@@ -191,8 +212,8 @@ class FitRunner:
             record.steps[rank] = max(record.steps.get(rank, 0), int(res.get("steps", 0)))
         record.manifest = build_manifest(opts, slots, backend, prepared, versions, record)
         self.last = record
-        if status != "done":
-            self._epoch += 1  # failed ranks tore their group down: everyone re-forms next time
+        # Failed ranks tore their group down: everyone re-forms next time.
+        self._group_settled(slots, specs[0]["group"]["key"], ok=status == "done")
         self._emit(events.run_ended(run_id, status, wall, None if status == "done" else status))
         if status == "done":
             blob = results[0].get("returns")
@@ -253,11 +274,19 @@ class _Waiter:
                 pending.discard(rank)
                 try:
                     results[rank] = ar.get()
-                except Exception as exc:  # the engine vanished under the task
-                    results[rank] = _died(slot, self.tracker, rank, str(exc))
+                except Exception as exc:
+                    results[rank] = self._lost(rank, slot, exc)
             elif slot.state == "dead":
                 pending.discard(rank)
                 results[rank] = _died(slot, self.tracker, rank)
+
+    def _lost(self, rank: int, slot: Any, exc: Exception) -> dict:
+        """A task that ended without our result: its engine died, or ipyparallel failed it."""
+        engine_gone = slot.state == "dead" or slot.engine_id not in self.runner.cluster.client.ids
+        if engine_gone:
+            return _died(slot, self.tracker, rank, str(exc))
+        return {"ok": False, "error": type(exc).__name__, "message": str(exc),
+                "traceback": f"{type(exc).__name__}: {exc}", "steps": self.tracker.steps.get(rank, 0)}
 
     def _release(self, pending: set[int]) -> None:
         if self.released_at is not None or not pending:

@@ -9,6 +9,7 @@ what happened, so the kernel can tell a failing rank from a dead one and report 
 from __future__ import annotations
 
 import linecache
+import logging
 import os
 import socket
 import sys
@@ -19,6 +20,7 @@ from typing import Any
 from ._state import RunContext, engine_state
 
 CELL_FILENAME = "<distributed_fit>"
+log = logging.getLogger("phalanx")
 
 
 def stash_objects(blobs: dict[str, tuple[str, bytes]], keep: list[str]) -> int:
@@ -79,11 +81,17 @@ def run_cell(spec: dict, shard_blob: bytes | None) -> dict:
 
 
 def _shielded(fn: Any, *args: Any) -> None:
-    """Run a cleanup step to the end even if the kernel's interrupt arrives meanwhile."""
-    try:
-        fn(*args)
-    except KeyboardInterrupt:
-        fn(*args)
+    """Run a cleanup step to the end even if the kernel's interrupt arrives meanwhile; a
+    cleanup that still fails is logged, never raised (the run's own result must get back)."""
+    for _attempt in range(2):
+        try:
+            fn(*args)
+            return
+        except KeyboardInterrupt:
+            continue
+        except Exception as exc:
+            log.warning("phalanx: cleanup step %s failed: %r", getattr(fn, "__name__", fn), exc)
+            return
 
 
 def _namespace(spec: dict, shard_blob: bytes | None) -> dict:

@@ -1,0 +1,102 @@
+"""Shared helpers for the benchmarks: timing, machine description, results files.
+
+Every figure is a ratio against a baseline measured in the same run on the same machine; the
+absolute numbers are kept beside it for context.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+ROOT = HERE.parent
+
+# Benchmarks run where the package may not be installed (a plain checkout): find it there.
+if str(ROOT / "kernel_ext") not in sys.path:
+    sys.path.insert(0, str(ROOT / "kernel_ext"))
+
+
+def engine_env() -> None:
+    """Engines inherit the environment: let them import phalanx and these benchmark modules."""
+    paths = [str(ROOT / "kernel_ext"), str(HERE), os.environ.get("PYTHONPATH", "")]
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+
+
+def stats(samples: list[float]) -> dict[str, Any]:
+    """Median, min, max and the raw samples."""
+    return {"median": statistics.median(samples), "min": min(samples), "max": max(samples),
+            "runs": len(samples), "samples": samples}
+
+
+def timed(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1) -> dict[str, Any]:
+    """Wall time of ``fn`` over ``repeats`` runs after ``warmup`` unmeasured ones."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - started)
+    return stats(samples)
+
+
+def machine() -> dict[str, Any]:
+    """What the figures were measured on."""
+    info: dict[str, Any] = {"kind": machine_kind(), "python": platform.python_version(),
+                            "platform": platform.platform(), "cores": os.cpu_count()}
+    try:
+        import psutil
+
+        info["memory_gib"] = round(psutil.virtual_memory().total / 2**30, 1)
+    except ImportError:
+        pass
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        info["cpu"] = names[0] if names else platform.processor()
+    except OSError:
+        info["cpu"] = platform.processor()
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        if torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name(0)
+    except ImportError:
+        pass
+    return info
+
+
+def machine_kind() -> str:
+    """Name of the results file: PHALANX_MACHINE_KIND, else cores and accelerator."""
+    kind = os.environ.get("PHALANX_MACHINE_KIND")
+    if kind:
+        return kind
+    gpu = ""
+    if os.path.exists("/proc/driver/nvidia/version"):
+        gpu = "-gpu"
+    return f"cpu{os.cpu_count()}{gpu}"
+
+
+def save(section: str, data: dict[str, Any], path: str | None = None) -> Path:
+    """Merge ``data`` as ``section`` into the machine's results file (or ``path``)."""
+    target = Path(path) if path else RESULTS / f"{machine_kind()}.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    merged = json.loads(target.read_text()) if target.exists() else {}
+    merged["machine"] = machine()
+    merged.setdefault("sections", {})[section] = {**data, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+    target.write_text(json.dumps(merged, indent=2, sort_keys=True, default=float) + "\n")
+    return target
+
+
+def ratio_row(name: str, value: float, target: str, met: bool, detail: str) -> dict[str, Any]:
+    """One line of the summary table."""
+    return {"name": name, "ratio": value, "target": target, "met": met, "detail": detail}

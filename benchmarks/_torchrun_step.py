@@ -1,0 +1,40 @@
+"""The one training step that bench_latency and bench_throughput launch under torchrun.
+
+Usage: torchrun --standalone --nproc-per-node N _torchrun_step.py STEPS BATCH
+Prints rank 0's samples/s of the timed loop as the last line.
+"""
+
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from _models import make_data, make_mlp
+
+
+def main() -> None:
+    steps, batch = int(sys.argv[1]), int(sys.argv[2])
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    X, y = make_data(batch * world * max(steps, 1), seed=0)
+    X, y = X[rank::world], y[rank::world]
+    model = DistributedDataParallel(make_mlp())
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    started = time.perf_counter()
+    for i in range(steps):
+        xb, yb = X[i * batch:(i + 1) * batch], y[i * batch:(i + 1) * batch]
+        opt.zero_grad()
+        loss_fn(model(xb), yb).backward()
+        opt.step()
+    elapsed = time.perf_counter() - started
+    if rank == 0:
+        print(f"{steps * batch / elapsed:.3f}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""Cluster start: `%cluster start -n 2` until a first %%distributed_fit cell has run, against a
+bare `ipyparallel.Cluster(n=2).start_and_connect_sync()` until a first task has run.
+
+    python benchmarks/bench_start.py [--json OUT] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from _common import engine_env, save, stats
+
+
+def bare_ipyparallel() -> float:
+    import ipyparallel as ipp
+
+    started = time.perf_counter()
+    cluster = ipp.Cluster(n=2, log_level=40)
+    client = cluster.start_and_connect_sync()
+    client[:].apply_sync(lambda: 1)
+    elapsed = time.perf_counter() - started
+    client.close()
+    cluster.stop_cluster_sync()
+    return elapsed
+
+
+def phalanx_start() -> tuple[float, float]:
+    from phalanx._session import Session
+    from phalanx.fit import FitOptions
+
+    started = time.perf_counter()
+    session = Session()
+    session.start_cluster(n=2, gpus="none")
+    ready = time.perf_counter() - started
+    ns = {"allreduce": __import__("phalanx").allreduce}
+    session.distributed_fit("allreduce(1.0)", FitOptions.build(widget=False), ns)
+    first_cell = time.perf_counter() - started
+    session.close()
+    return ready, first_cell
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args(argv)
+    engine_env()
+    repeats = 3 if args.quick else 5
+    bare, ready, first = [], [], []
+    for _ in range(repeats):
+        bare.append(bare_ipyparallel())
+        r, f = phalanx_start()
+        ready.append(r)
+        first.append(f)
+    data = {"bare_ipyparallel_s": stats(bare), "phalanx_ready_s": stats(ready),
+            "phalanx_first_cell_s": stats(first),
+            "ratio_ready_vs_bare": stats(bare)["median"] / stats(ready)["median"],
+            "ratio_first_cell_vs_bare": stats(bare)["median"] / stats(first)["median"]}
+    for key in ("bare_ipyparallel_s", "phalanx_ready_s", "phalanx_first_cell_s"):
+        s = data[key]
+        print(f"{key:22s} {s['median']:6.2f} s (min {s['min']:.2f}, max {s['max']:.2f})")
+    save("cluster_start", data, args.json)
+    return data
+
+
+if __name__ == "__main__":
+    main()

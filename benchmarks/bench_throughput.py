@@ -1,0 +1,118 @@
+"""Training throughput of a small MLP: %%distributed_fit with 1 and 2 workers (allreduce, local
+SGD, and wrap() = DDP) against a plain single-process loop and against torchrun + DDP.
+Target: >= 0.97x of the matching baseline; scaling efficiency reported.
+
+    python benchmarks/bench_throughput.py [--json OUT] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+
+import torch
+
+from _common import HERE, engine_env, save, stats
+from _models import make_data, make_mlp
+
+LOOP = """
+import time, torch
+torch.set_num_threads(1)
+{setup}
+opt = torch.optim.SGD(net.parameters(), lr=0.05)
+loss_fn = torch.nn.CrossEntropyLoss()
+started = time.perf_counter()
+for i in range(STEPS):
+    xb, yb = X[i * BATCH:(i + 1) * BATCH], y[i * BATCH:(i + 1) * BATCH]
+    opt.zero_grad()
+    loss_fn(net(xb), yb).backward()
+    opt.step()
+elapsed = allreduce(time.perf_counter() - started, op="max")
+"""
+
+
+def plain_loop(steps: int, batch: int) -> float:
+    torch.set_num_threads(1)
+    X, y = make_data(steps * batch)
+    net = make_mlp()
+    opt = torch.optim.SGD(net.parameters(), lr=0.05)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    started = time.perf_counter()
+    for i in range(steps):
+        opt.zero_grad()
+        loss_fn(net(X[i * batch:(i + 1) * batch]), y[i * batch:(i + 1) * batch]).backward()
+        opt.step()
+    return steps * batch / (time.perf_counter() - started)
+
+
+def torchrun_ddp(steps: int, batch: int, workers: int) -> float:
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           f"--nproc-per-node={workers}", str(HERE / "_torchrun_step.py"),
+                           str(steps), str(batch)], capture_output=True, text=True, cwd=HERE)
+    if done.returncode != 0:
+        raise RuntimeError(f"torchrun failed:\n{done.stderr[-3000:]}")
+    return float(done.stdout.strip().splitlines()[-1]) * workers
+
+
+def magic_run(session, steps: int, batch: int, workers: int, sync: str, ddp: bool) -> float:
+    from phalanx.fit import FitOptions
+
+    X, y = make_data(steps * batch * workers)
+    ns = {"X": X, "y": y, "net": make_mlp(), "STEPS": steps, "BATCH": batch,
+          "allreduce": __import__("phalanx").allreduce, "wrap": __import__("phalanx").wrap}
+    body = LOOP.format(setup="net = wrap(net)" if ddp else "")
+    opts = FitOptions.build(n=workers, sync=sync, every=4, shard="X,y", returns="elapsed",
+                            widget=False)
+    session.distributed_fit(body, opts, ns)
+    return steps * batch * workers / ns["elapsed"]
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args(argv)
+    engine_env()
+    from phalanx._session import Session
+
+    steps, batch = (100, 32) if args.quick else (300, 32)
+    repeats = 3 if args.quick else 5
+    samples: dict[str, list[float]] = {k: [] for k in (
+        "plain", "torchrun_ddp_2", "magic_1", "magic_2_allreduce", "magic_2_localsgd", "magic_2_wrap")}
+    session = Session()
+    session.start_cluster(n=2, gpus="none")
+    try:
+        magic_run(session, 20, batch, 2, "allreduce", False)  # warm the group and imports
+        for _ in range(repeats):
+            samples["plain"].append(plain_loop(steps, batch))
+            samples["torchrun_ddp_2"].append(torchrun_ddp(steps, batch, 2))
+            samples["magic_1"].append(magic_run(session, steps, batch, 1, "allreduce", False))
+            samples["magic_2_allreduce"].append(magic_run(session, steps, batch, 2, "allreduce", False))
+            samples["magic_2_localsgd"].append(magic_run(session, steps, batch, 2, "localsgd", False))
+            samples["magic_2_wrap"].append(magic_run(session, steps, batch, 2, "allreduce", True))
+    finally:
+        session.close()
+    med = {k: stats(v) for k, v in samples.items()}
+    m = {k: v["median"] for k, v in med.items()}
+    ratios = {
+        "magic_1_vs_plain": m["magic_1"] / m["plain"],
+        "magic_2_allreduce_vs_torchrun_ddp": m["magic_2_allreduce"] / m["torchrun_ddp_2"],
+        "magic_2_localsgd_vs_torchrun_ddp": m["magic_2_localsgd"] / m["torchrun_ddp_2"],
+        "magic_2_wrap_vs_torchrun_ddp": m["magic_2_wrap"] / m["torchrun_ddp_2"],
+        "scaling_efficiency_allreduce": m["magic_2_allreduce"] / (2 * m["magic_1"]),
+        "scaling_efficiency_torchrun": m["torchrun_ddp_2"] / (2 * m["plain"]),
+    }
+    for name, value in med.items():
+        print(f"{name:22s} {value['median']:10.0f} samples/s (min {value['min']:.0f}, max {value['max']:.0f})")
+    for name, value in ratios.items():
+        print(f"{name:36s} {value:6.3f}")
+    data = {"samples_per_s": med, "ratios": ratios, "steps": steps, "batch_per_worker": batch,
+            "target": ">= 0.97x of the matching baseline"}
+    save("throughput", data, args.json)
+    return data
+
+
+if __name__ == "__main__":
+    main()
