@@ -36,14 +36,19 @@ class Collectives:
             return self._group.torch_comm
         return self._group.mpi_comm or self._group.shm_comm or self._group.torch_comm
 
+    # With one rank every collective is the identity: skip the transport entirely, so a
+    # one-worker run costs what a plain loop costs.
     def allreduce(self, arrays: list, op: str = "sum") -> None:
-        self._pick(arrays).allreduce(arrays, op=op)
+        if self.world_size > 1:
+            self._pick(arrays).allreduce(arrays, op=op)
 
     def broadcast(self, arrays: list, src: int = 0) -> None:
-        self._pick(arrays).broadcast(arrays, src=src)
+        if self.world_size > 1:
+            self._pick(arrays).broadcast(arrays, src=src)
 
     def barrier(self) -> None:
-        self._pick([]).barrier()
+        if self.world_size > 1:
+            self._pick([]).barrier()
 
     def abort(self, reason: str) -> None:
         for comm in self._group.communicators():
