@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .runtime import allreduce, barrier, broadcast, log, wrap
+from .runtime import allreduce, barrier, broadcast, bytes_sent, log, wrap
 
 __version__ = "0.1.0"
-__all__ = ["log", "allreduce", "broadcast", "barrier", "wrap", "last_run", "manifest",
+__all__ = ["log", "allreduce", "broadcast", "barrier", "wrap", "bytes_sent", "last_run", "manifest",
            "cluster_widget", "get_session", "load_ipython_extension", "unload_ipython_extension"]
 
 

@@ -123,6 +123,7 @@ def _new_run(spec: dict, group: Any) -> RunContext:
                      device=_device(spec), strategy_spec=spec["sync"], every=spec["every"],
                      alpha=spec["alpha"])
     run.collectives = Collectives(group)
+    run.bytes_at_start = run.collectives.bytes_sent
     run.metrics = MetricsSender(spec["metrics_address"], spec["run_id"], spec["rank"])
     return run
 

@@ -36,6 +36,7 @@ class RunContext:
     strategies: dict = field(default_factory=dict)   # id(optimizer or estimator) -> strategy
     tracked: list = field(default_factory=list)      # (strategy, params_fn) for finish()
     extra_cleanup: list = field(default_factory=list)
+    bytes_at_start: int = 0             # the communicators' counter when the run began
     abort: threading.Event = field(default_factory=threading.Event)
 
 

@@ -1,0 +1,88 @@
+"""Turn each benchmark's JSON into rows of the ratio table (one place knows every format)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+# (section name, script) in the order they run and appear in the table.
+SECTIONS = [
+    ("latency", "bench_latency.py"),
+    ("allreduce", "bench_allreduce.py"),
+    ("throughput", "bench_throughput.py"),
+    ("metrics", "bench_metrics.py"),
+    ("network", "bench_network.py"),
+    ("cluster_start", "bench_start.py"),
+]
+
+
+def _row(section: str, name: str, value: float | None, target: str, met: bool | None,
+         detail: str = "") -> dict[str, Any]:
+    return {"section": section, "name": name, "value": value, "target": target, "met": met,
+            "detail": detail}
+
+
+def _latency(d: dict) -> list[dict]:
+    cold, warm = d["cold_torchrun_s"]["median"], d["warm_rerun_s"]["median"]
+    return [_row("latency", "warm re-run vs cold torchrun launch", d["speedup"], ">= 100x",
+                 d["speedup"] >= 100, f"{warm * 1e3:.1f} ms vs {cold:.2f} s")]
+
+
+def _throughput(d: dict) -> list[dict]:
+    r, sps = d["ratios"], d["samples_per_s"]
+    rows = []
+    for key, label, base in (
+            ("magic_1_vs_plain", "1 worker vs plain loop", "plain"),
+            ("magic_2_allreduce_vs_torchrun_ddp", "2 workers allreduce vs torchrun+DDP", "torchrun_ddp_2"),
+            ("magic_2_localsgd_vs_torchrun_ddp", "2 workers localsgd (K=4) vs torchrun+DDP", "torchrun_ddp_2"),
+            ("magic_2_wrap_vs_torchrun_ddp", "2 workers wrap() (DDP) vs torchrun+DDP", "torchrun_ddp_2")):
+        rows.append(_row("throughput", label, r[key], ">= 0.97x", r[key] >= 0.97,
+                         f"baseline {sps[base]['median']:.0f} samples/s"))
+    rows.append(_row("throughput", "scaling efficiency, 2 workers allreduce",
+                     r["scaling_efficiency_allreduce"], "reported", None,
+                     f"torchrun+DDP: {r['scaling_efficiency_torchrun']:.2f}"))
+    return rows
+
+
+def _start(d: dict) -> list[dict]:
+    return [_row("cluster_start", "bare ipyparallel start / %cluster start -n 2 to ready",
+                 d["ratio_ready_vs_bare"], "reported", None,
+                 f"{d['phalanx_ready_s']['median']:.2f} s vs {d['bare_ipyparallel_s']['median']:.2f} s"),
+            _row("cluster_start", "bare ipyparallel start / start to first cell run",
+                 d["ratio_first_cell_vs_bare"], "reported", None,
+                 f"{d['phalanx_first_cell_s']['median']:.2f} s")]
+
+
+def _generic(section: str) -> Callable[[dict], list[dict]]:
+    """Sections that report their own rows as ``{"summary": [{name, value, target, met, detail}]}``."""
+    def rows(d: dict) -> list[dict]:
+        return [_row(section, r["name"], r.get("value"), r.get("target", ""), r.get("met"),
+                     r.get("detail", "")) for r in d.get("summary", [])]
+    return rows
+
+
+_SUMMARIZERS = {"latency": _latency, "throughput": _throughput, "cluster_start": _start}
+
+
+def summarize(sections: dict[str, dict]) -> list[dict]:
+    rows: list[dict] = []
+    for name, _ in SECTIONS:
+        data = sections.get(name)
+        if data is None:
+            continue
+        if "error" in data:
+            rows.append(_row(name, "(benchmark failed)", None, "", False, data["error"].splitlines()[-1:][0] if data["error"] else ""))
+            continue
+        rows.extend(_SUMMARIZERS.get(name, _generic(name))(data))
+    return rows
+
+
+def render_markdown(machine: dict, rows: list[dict]) -> str:
+    head = (f"Measured on `{machine.get('kind')}`: {machine.get('cpu', '?')}, {machine.get('cores')} cores, "
+            f"{machine.get('memory_gib', '?')} GiB, torch {machine.get('torch', '?')}"
+            + (f", {machine['gpu']}" if machine.get("gpu") else "") + ". Medians of at least 5 runs.\n\n")
+    lines = ["| section | measure | ratio | target | met | detail |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        value = "" if r["value"] is None else f"{r['value']:.3g}"
+        met = {True: "yes", False: "**no**", None: "-"}[r["met"]]
+        lines.append(f"| {r['section']} | {r['name']} | {value} | {r['target']} | {met} | {r['detail']} |")
+    return head + "\n".join(lines)
