@@ -100,3 +100,15 @@ def save(section: str, data: dict[str, Any], path: str | None = None) -> Path:
 def ratio_row(name: str, value: float, target: str, met: bool, detail: str) -> dict[str, Any]:
     """One line of the summary table."""
     return {"name": name, "ratio": value, "target": target, "met": met, "detail": detail}
+
+
+def parse_args(doc: str | None, argv: list[str] | None):
+    """The options every benchmark takes (``--json OUT``, ``--quick``); also prepares engines."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc)
+    parser.add_argument("--json", default=None, help="results file (default: results/<machine>.json)")
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions (smoke run)")
+    args = parser.parse_args(argv)
+    engine_env()
+    return args

@@ -6,12 +6,11 @@ cold torchrun launch of the same step.  Target: at least 100x faster.
 
 from __future__ import annotations
 
-import argparse
 import subprocess
 import sys
 import time
 
-from _common import HERE, engine_env, save, stats, timed
+from _common import HERE, parse_args, save, stats, timed
 
 ONE_STEP = """%%distributed_fit --shard X,y
 opt = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -55,11 +54,7 @@ def warm_magic(repeats: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--json", default=None, help="results file (default: results/<machine>.json)")
-    parser.add_argument("--quick", action="store_true", help="fewer repetitions")
-    args = parser.parse_args(argv)
-    engine_env()
+    args = parse_args(__doc__, argv)
     repeats = 3 if args.quick else 5
     cold = cold_torchrun(repeats)
     warm = warm_magic(repeats * 2)

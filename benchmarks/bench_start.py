@@ -6,10 +6,9 @@ bare `ipyparallel.Cluster(n=2).start_and_connect_sync()` until a first task has 
 
 from __future__ import annotations
 
-import argparse
 import time
 
-from _common import engine_env, save, stats
+from _common import parse_args, save, stats
 
 
 def bare_ipyparallel() -> float:
@@ -41,11 +40,7 @@ def phalanx_start() -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--json", default=None)
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args(argv)
-    engine_env()
+    args = parse_args(__doc__, argv)
     repeats = 3 if args.quick else 5
     bare, ready, first = [], [], []
     for _ in range(repeats):

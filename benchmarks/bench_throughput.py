@@ -7,14 +7,13 @@ Target: >= 0.97x of the matching baseline; scaling efficiency reported.
 
 from __future__ import annotations
 
-import argparse
 import subprocess
 import sys
 import time
 
 import torch
 
-from _common import HERE, engine_env, save, stats
+from _common import HERE, parse_args, save, stats
 from _models import make_data, make_mlp
 
 LOOP = """
@@ -70,11 +69,7 @@ def magic_run(session, steps: int, batch: int, workers: int, sync: str, ddp: boo
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--json", default=None)
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args(argv)
-    engine_env()
+    args = parse_args(__doc__, argv)
     from phalanx._session import Session
 
     steps, batch = (100, 32) if args.quick else (300, 32)
