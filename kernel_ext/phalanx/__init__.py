@@ -43,8 +43,10 @@ def cluster_widget() -> Any:
 def load_ipython_extension(ipython: Any) -> None:
     """Called by ``%load_ext phalanx``."""
     from ._magics import register
+    from ._session import session_for_shell
 
     register(ipython)
+    session_for_shell(ipython)  # creates the session and opens the door for the lab panel
 
 
 def unload_ipython_extension(ipython: Any) -> None:

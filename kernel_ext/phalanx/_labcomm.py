@@ -1,0 +1,391 @@
+"""The kernel end of the JupyterLab panel: a ``phalanx`` comm target fed from the event bus.
+
+The panel opens a comm to target :data:`~phalanx.events.COMM_TARGET` and sends only typed
+requests (``request_snapshot``, ``scale``, ``stop``); it never sends code.  This module answers
+them and forwards every bus event to every open panel comm, throttled to about ten messages a
+second: ``cluster``/``progress``/``network`` states are coalesced (only the latest matters),
+metric rows are batched (never dropped: the panel draws the whole history).
+
+Example::
+
+    lab = LabComm(session)      # session: .events, .scale(n), .stop_cluster(), .max_engines,
+    lab.register()              #          .run_history_rows()
+    ...
+    lab.close()
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from typing import Any, Callable, Mapping
+
+from . import events
+from .events import COMM_TARGET, SchemaError, validate_event, validate_request
+
+log = logging.getLogger("phalanx")
+
+# One comm message per this many seconds on average: the panel renders at about 10 fps, and
+# every comm message is broadcast on IOPub to every client of the kernel.
+MIN_INTERVAL_S = 0.1
+# Page reloads leave comms whose browser side is gone; nothing tells the kernel, and each open
+# comm costs one IOPub message per update.  Past this many, the oldest are closed.
+MAX_COMMS = 8
+# A reloaded panel gets the run history in chunks of this many rows rather than in one
+# message of unbounded size.
+HISTORY_CHUNK_ROWS = 5000
+
+Schedule = Callable[[float, Callable[[], None]], Callable[[], None]]
+
+
+def _thread_timer(delay: float, fn: Callable[[], None]) -> Callable[[], None]:
+    timer = threading.Timer(delay, fn)
+    timer.daemon = True
+    timer.start()
+    return timer.cancel
+
+
+def _finite_metrics(metrics: Mapping[str, Any]) -> dict:
+    # NaN/inf are not JSON: jupyter_client would turn them into strings (with a warning) and
+    # the panel would reject the whole batch.  Keep the row and its valid values instead.
+    return {k: v for k, v in metrics.items()
+            if not (isinstance(v, float) and not math.isfinite(v))}
+
+
+def wire_safe(event: dict) -> dict:
+    """A copy of ``event`` that survives JSON: non-finite metric values are left out.
+
+    Example::
+
+        >>> row = {"rank": 0, "step": 1, "t": 0.0, "metrics": {"loss": float("nan"), "acc": 0.5}}
+        >>> wire_safe(events.metrics("r", [row]))["rows"][0]["metrics"]
+        {'acc': 0.5}
+    """
+    kind = event.get("type")
+    if kind == "metrics":
+        rows = [{**r, "metrics": _finite_metrics(r["metrics"])} for r in event["rows"]]
+        return {**event, "rows": rows}
+    if kind == "progress":
+        ranks = []
+        for r in event["ranks"]:
+            r = {**r, "metrics": _finite_metrics(r.get("metrics") or {})}
+            for key in ("total", "steps_per_s", "eta_s"):
+                if isinstance(r.get(key), float) and not math.isfinite(r[key]):
+                    r[key] = None
+            ranks.append(r)
+        return {**event, "ranks": ranks}
+    return event
+
+
+class Outbox:
+    """Pending events between two flushes, coalesced so a flush sends few messages.
+
+    States keep only their latest value (progress merges per rank); metric rows of one run are
+    appended to a single pending batch; run start/end keep their order.
+
+    Example::
+
+        >>> box = Outbox()
+        >>> box.add(events.progress("r", [{"rank": 0, "step": 1}]))
+        >>> box.add(events.progress("r", [{"rank": 0, "step": 2}, {"rank": 1, "step": 2}]))
+        >>> [(e["type"], len(e["ranks"])) for e in box.drain()]
+        [('progress', 2)]
+    """
+
+    def __init__(self) -> None:
+        self._items: list[dict] = []
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def _find(self, kind: str, key: str | None = None, value: Any = None) -> dict | None:
+        for item in self._items:
+            if item["type"] == kind and (key is None or item.get(key) == value):
+                return item
+        return None
+
+    def add(self, event: dict) -> None:
+        """Queue ``event``, merging it into a pending one of the same kind where that is safe."""
+        kind = event["type"]
+        if kind == "cluster":
+            pending = self._find("cluster")
+        elif kind == "network":
+            pending = self._find("network", "network", event["network"])
+        elif kind == "progress":
+            pending = self._find("progress", "run", event["run"])
+            if pending is not None:
+                by_rank = {r["rank"]: r for r in pending["ranks"]}
+                by_rank.update({r["rank"]: r for r in event["ranks"]})
+                pending["ranks"] = [by_rank[k] for k in sorted(by_rank)]
+                return
+        elif kind == "metrics":
+            pending = self._find("metrics", "run", event["run"])
+            if pending is not None:
+                pending["rows"].extend(event["rows"])
+                return
+            self._items.append({**event, "rows": list(event["rows"])})  # ours to extend
+            return
+        else:
+            pending = None
+        if pending is not None:  # a newer state replaces the older one in place
+            self._items[self._items.index(pending)] = dict(event)
+        else:
+            self._items.append(dict(event))
+
+    def drain(self) -> list[dict]:
+        """Everything pending, oldest first; the outbox is empty afterwards."""
+        items, self._items = self._items, []
+        return items
+
+
+class LabComm:
+    """Serve the ``phalanx`` comm for one session: forward events, answer panel requests.
+
+    ``comm_manager`` and ``create_comm`` default to the running kernel's (ipykernel installs
+    them in the ``comm`` package); ``clock`` and ``schedule`` are injectable so the throttle
+    can be tested without sleeping.
+
+    Example::
+
+        lab = LabComm(get_session())
+        lab.register()       # panels already open attach now, later ones on opening
+    """
+
+    def __init__(self, session: Any, *, comm_manager: Any = None,
+                 create_comm: Callable[..., Any] | None = None,
+                 clock: Callable[[], float] = time.monotonic, schedule: Schedule = _thread_timer,
+                 min_interval_s: float = MIN_INTERVAL_S) -> None:
+        self._session = session
+        self._comm_manager = comm_manager
+        self._create_comm = create_comm
+        self._clock = clock
+        self._schedule = schedule
+        self._interval = min_interval_s
+        self._lock = threading.RLock()
+        self._comms: list[Any] = []
+        self._outbox = Outbox()
+        self._progress: dict[str, dict] = {}  # latest merged progress of the current run
+        self._next_at = 0.0
+        self._cancel_timer: Callable[[], None] | None = None
+        self._unsubscribe: Callable[[], None] | None = None
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    def register(self) -> None:
+        """Register the comm target, subscribe to the bus and tell open panels to attach."""
+        import comm
+
+        if self._unsubscribe is not None:
+            return
+        manager = self._comm_manager = self._comm_manager or comm.get_comm_manager()
+        self._create_comm = self._create_comm or comm.create_comm
+        manager.register_target(COMM_TARGET, self._on_open)
+        self._unsubscribe = self._session.events.subscribe(self._on_event)
+        self._announce()
+
+    def close(self) -> None:
+        """Unregister, close every panel comm and stop the timer (``%unload_ext``)."""
+        with self._lock:
+            if self._unsubscribe is not None:
+                self._unsubscribe()
+                self._unsubscribe = None
+            if self._cancel_timer is not None:
+                self._cancel_timer()
+                self._cancel_timer = None
+            comms, self._comms = self._comms, []
+        manager = self._comm_manager
+        if manager is not None and manager.targets.get(COMM_TARGET) == self._on_open:
+            manager.unregister_target(COMM_TARGET, self._on_open)
+        for c in comms:
+            self._quietly(c.close)
+
+    @property
+    def comm_count(self) -> int:
+        """How many panel comms are open."""
+        with self._lock:
+            return len(self._comms)
+
+    def _announce(self) -> None:
+        # A panel opened before `%load_ext phalanx` tried to attach and was refused.  A short-
+        # lived kernel-opened comm tells it the target exists now; the panel then opens its own
+        # comm, because a kernel-opened one would be closed by any client lacking the target.
+        try:
+            self._create_comm(target_name=COMM_TARGET, data={}).close()
+        except Exception:  # no frontend protocol (plain IPython): nobody to tell
+            log.debug("phalanx: could not announce the lab comm target", exc_info=True)
+
+    # --- comms --------------------------------------------------------------------------------
+
+    def _on_open(self, comm: Any, open_msg: Mapping[str, Any]) -> None:
+        comm.on_msg(lambda msg: self._on_msg(comm, msg))
+        comm.on_close(lambda msg: self._forget(comm))
+        with self._lock:
+            self._comms.append(comm)
+            stale = self._comms[:-MAX_COMMS]
+            del self._comms[:-MAX_COMMS]
+        for old in stale:
+            log.info("phalanx: closing an old lab panel comm (more than %d open)", MAX_COMMS)
+            self._quietly(old.close)
+        # The panel opens with a request_snapshot; whatever it sent, it needs the state now.
+        data = (open_msg.get("content") or {}).get("data") or {}
+        request = self._parse(data) if data else None
+        if request is not None and request["type"] != "request_snapshot":
+            self._dispatch(comm, request)
+        self._send_snapshot(comm)
+
+    def _forget(self, comm: Any) -> None:
+        with self._lock:
+            if comm in self._comms:
+                self._comms.remove(comm)
+
+    def _send(self, comm: Any, message: dict) -> None:
+        try:
+            comm.send(message)
+        except Exception:  # a broken comm must not break the producer or the other panels
+            log.warning("phalanx: dropping a lab panel comm that failed to send", exc_info=True)
+            self._forget(comm)
+
+    @staticmethod
+    def _quietly(fn: Callable[[], Any]) -> None:
+        try:
+            fn()
+        except Exception:
+            log.debug("phalanx: ignoring an error while closing a comm", exc_info=True)
+
+    # --- events -> panels ---------------------------------------------------------------------
+
+    def _on_event(self, event: dict) -> None:
+        try:
+            event = wire_safe(validate_event(event))
+        except (SchemaError, KeyError, TypeError) as exc:
+            log.warning("phalanx: not forwarding an invalid event to the lab panel: %s", exc)
+            return
+        with self._lock:
+            self._remember(event)
+            self._outbox.add(event)
+            self._flush_when_due()
+
+    def _remember(self, event: dict) -> None:
+        # The bus snapshot has no progress (it is a stream); a reloaded panel still wants bars.
+        if event["type"] == "run_started":
+            self._progress = {}
+        elif event["type"] == "progress":
+            pending = Outbox()
+            if event["run"] in self._progress:
+                pending.add(self._progress[event["run"]])
+            pending.add(event)
+            self._progress = {event["run"]: pending.drain()[0]}
+
+    def _flush_when_due(self) -> None:
+        now = self._clock()
+        if now >= self._next_at:
+            self._flush(now)
+        elif self._cancel_timer is None:
+            self._cancel_timer = self._schedule(self._next_at - now, self._on_timer)
+
+    def _on_timer(self) -> None:
+        with self._lock:
+            self._cancel_timer = None
+            if len(self._outbox):
+                self._flush(self._clock())
+
+    def _flush(self, now: float, skip: Any = None) -> None:
+        batch = self._outbox.drain()
+        for message in batch:
+            for comm in list(self._comms):
+                if comm is not skip:
+                    self._send(comm, message)
+        # Each message sent pushes the next flush back, so the rate stays at ~1/interval
+        # messages per second however many kinds of event were pending.
+        self._next_at = now + self._interval * max(1, len(batch))
+
+    # --- panel requests -> session ------------------------------------------------------------
+
+    def _on_msg(self, comm: Any, msg: Mapping[str, Any]) -> None:
+        request = self._parse((msg.get("content") or {}).get("data"))
+        if request is not None:
+            self._dispatch(comm, request)
+
+    @staticmethod
+    def _parse(data: Any) -> dict | None:
+        try:
+            return validate_request(data)
+        except SchemaError as exc:
+            log.warning("phalanx: ignoring an invalid request from the lab panel: %s", exc)
+            return None
+
+    def _dispatch(self, comm: Any, request: dict) -> None:
+        kind = request["type"]
+        try:
+            if kind == "request_snapshot":
+                self._send_snapshot(comm)
+            elif kind == "scale":
+                self._scale(comm, request["n"])
+            elif kind == "stop":
+                self._session.stop_cluster()
+        except Exception as exc:  # the kernel keeps working; the panel shows why
+            log.exception("phalanx: lab panel request %r failed", kind)
+            self._send(comm, self._cluster_error(f"{kind} failed: {exc}"))
+
+    def _scale(self, comm: Any, n: int) -> None:
+        limit = int(self._session.max_engines)
+        if n > limit:
+            message = f"cannot scale to {n} engines: this cluster allows at most {limit}"
+            log.warning("phalanx: %s (request from the lab panel)", message)
+            self._send(comm, self._cluster_error(message))
+            return
+        self._session.scale(n)
+
+    def _cluster_error(self, message: str) -> dict:
+        latest = [e for e in self._session.events.snapshot() if e.get("type") == "cluster"]
+        if latest:
+            return {**latest[-1], "error": message, "busy": False}
+        return events.cluster_state([], max_engines=int(self._session.max_engines), error=message)
+
+    # --- snapshot -----------------------------------------------------------------------------
+
+    def snapshot_messages(self) -> list[dict]:
+        """What a freshly attached panel needs: one snapshot event, then history chunks.
+
+        The snapshot holds the bus's latest states with the current run's merged progress
+        right after its ``run_started``; the run's metric rows follow as ``metrics`` events of
+        at most :data:`HISTORY_CHUNK_ROWS` rows.  Example: ``[m["type"] for m in
+        lab.snapshot_messages()] == ["snapshot", "metrics"]`` after a short run.
+        """
+        states = self._session.events.snapshot()
+        with self._lock:
+            progress = dict(self._progress)
+        contents: list[dict] = []
+        run = None
+        for event in states:
+            contents.append(event)
+            if event.get("type") == "run_started":
+                run = event["run"]
+                if run in progress:
+                    contents.append(progress[run])
+        messages = [events.snapshot(contents)]
+        if run is not None:
+            rows = self._history_rows()
+            for start in range(0, len(rows), HISTORY_CHUNK_ROWS):
+                chunk = events.metrics(run, rows[start:start + HISTORY_CHUNK_ROWS])
+                messages.append(wire_safe(chunk))
+        return messages
+
+    def _history_rows(self) -> list[dict]:
+        try:
+            return list(self._session.run_history_rows() or [])
+        except Exception:
+            log.exception("phalanx: could not read the run history for the lab panel")
+            return []
+
+    def _send_snapshot(self, comm: Any) -> None:
+        with self._lock:
+            # What is pending is already in the bus state and the run history, so the other
+            # panels get it now and this one only through the snapshot: no row arrives twice.
+            if len(self._outbox):
+                self._flush(self._clock(), skip=comm)
+            for message in self.snapshot_messages():
+                self._send(comm, message)
+

@@ -1,0 +1,51 @@
+/** Short human strings for the panel's numbers (pure, unit-tested). */
+
+/** 0.4 -> "0.4 s", 75 -> "1 min 15 s", 4000 -> "1 h 6 min". */
+export function duration(seconds: number | null | undefined): string {
+  if (seconds === null || seconds === undefined || !Number.isFinite(seconds)) {
+    return '–';
+  }
+  if (seconds < 10) {
+    return `${seconds.toFixed(1)} s`;
+  }
+  const s = Math.round(seconds);
+  if (s < 60) {
+    return `${s} s`;
+  }
+  if (s < 3600) {
+    return `${Math.floor(s / 60)} min ${s % 60} s`;
+  }
+  return `${Math.floor(s / 3600)} h ${Math.floor((s % 3600) / 60)} min`;
+}
+
+/** Megabytes as MB below 1 GB, else GB with one decimal. */
+export function memory(mb: number | null | undefined): string {
+  if (mb === null || mb === undefined || !Number.isFinite(mb)) {
+    return '–';
+  }
+  return mb < 1024 ? `${Math.round(mb)} MB` : `${(mb / 1024).toFixed(1)} GB`;
+}
+
+/** Steps per second with sensible precision. */
+export function rate(perSecond: number | null | undefined): string {
+  if (perSecond === null || perSecond === undefined || !Number.isFinite(perSecond)) {
+    return '–';
+  }
+  return `${perSecond >= 100 ? Math.round(perSecond) : perSecond.toPrecision(3)} steps/s`;
+}
+
+/** A metric value: 4 significant digits, exponent form when tiny or huge. */
+export function metric(value: unknown): string {
+  if (typeof value !== 'number' || !Number.isFinite(value)) {
+    return String(value);
+  }
+  const abs = Math.abs(value);
+  return abs !== 0 && (abs < 1e-3 || abs >= 1e5)
+    ? value.toExponential(3)
+    : `${+value.toPrecision(4)}`;
+}
+
+/** Any parameter value as one line. */
+export function param(value: unknown): string {
+  return typeof value === 'string' ? value : (JSON.stringify(value) ?? String(value));
+}

@@ -1,0 +1,172 @@
+/**
+ * Run section: one progress bar per rank (steps, rate, ETA, straggler mark)
+ * and the loss chart over the run's whole history with a metric selector
+ * and a log-scale toggle.
+ */
+import * as fmt from '../format';
+import { IRankState, IRunState, PhalanxModel } from '../model';
+import { LossChart, rankColor } from './chart';
+import { h, ISection, replaceChildren, section, showEmpty } from './dom';
+
+export class RunView {
+  constructor() {
+    this._section = section('Run', 'jp-Phalanx-run');
+    this._ranks = h('div', { class: 'jp-Phalanx-ranks' });
+    this._metric = h('select', { class: 'jp-Phalanx-metric', 'aria-label': 'metric' });
+    this._log = h('input', {
+      type: 'checkbox',
+      class: 'jp-Phalanx-log',
+      'aria-label': 'log scale'
+    });
+    this._metric.onchange = () => this._drawChart(true);
+    this._log.onchange = () => this._drawChart(true);
+    this._chart = new LossChart();
+    this._chartEmpty = h(
+      'div',
+      { class: 'jp-Phalanx-empty' },
+      'No metrics logged yet: call phalanx.log(loss=...) in the loop.'
+    );
+    this._error = h('div', { class: 'jp-Phalanx-error', role: 'alert' });
+    this._section.body.append(
+      this._ranks,
+      this._error,
+      h(
+        'div',
+        { class: 'jp-Phalanx-chartControls' },
+        h('label', {}, 'metric ', this._metric),
+        h('label', {}, this._log, ' log scale')
+      ),
+      this._chartEmpty,
+      this._chart.node
+    );
+  }
+
+  get node(): HTMLElement {
+    return this._section.node;
+  }
+
+  update(model: PhalanxModel | null): void {
+    const run = model?.connection === 'attached' ? model.run : null;
+    this._run = run;
+    if (!run) {
+      this._section.summary.textContent = '';
+      showEmpty(this._section, emptyMessage(model));
+      this._chart.clear();
+      return;
+    }
+    showEmpty(this._section, null);
+    const parts = [run.id, run.status];
+    if (run.strategy) {
+      parts.push(run.strategy);
+    }
+    if (run.worldSize !== null) {
+      parts.push(`${run.worldSize} rank${run.worldSize === 1 ? '' : 's'}`);
+    }
+    if (run.wallS !== null) {
+      parts.push(fmt.duration(run.wallS));
+    }
+    this._section.summary.textContent = parts.join(' · ');
+    this._section.node.dataset.status = run.status;
+    this._error.textContent = run.error ?? '';
+    this._error.hidden = !run.error;
+    const ranks = [...run.ranks.values()].sort((a, b) => a.rank - b.rank);
+    replaceChildren(this._ranks, ...ranks.map(r => rankRow(r, run)));
+    this._drawChart(false);
+  }
+
+  dispose(): void {
+    this._chart.dispose();
+  }
+
+  private _drawChart(userChanged: boolean): void {
+    const run = this._run;
+    if (!run) {
+      return;
+    }
+    const names = run.history.metricNames;
+    this._syncMetricOptions(names);
+    const metric = this._metric.value;
+    const hasData = metric !== '' && run.history.series(metric).size > 0;
+    this._chartEmpty.hidden = hasData;
+    this._chart.node.hidden = !hasData;
+    if (hasData) {
+      if (userChanged) {
+        this._chart.clear();
+      }
+      this._chart.draw(run.history, metric, this._log.checked);
+      this._chart.node.dataset.points = String(this._chart.points);
+    }
+  }
+
+  private _syncMetricOptions(names: string[]): void {
+    if (names.join('\n') === this._names.join('\n')) {
+      return;
+    }
+    const previous = this._metric.value;
+    this._names = names;
+    replaceChildren(this._metric, ...names.map(n => h('option', { value: n }, n)));
+    // Keep the user's choice; default to a loss when there is one.
+    const preferred = names.includes(previous)
+      ? previous
+      : (names.find(n => /loss/i.test(n)) ?? names[0]);
+    this._metric.value = preferred ?? '';
+  }
+
+  private _section: ISection;
+  private _ranks: HTMLElement;
+  private _metric: HTMLSelectElement;
+  private _log: HTMLInputElement;
+  private _chart: LossChart;
+  private _chartEmpty: HTMLElement;
+  private _error: HTMLElement;
+  private _names: string[] = [];
+  private _run: IRunState | null = null;
+}
+
+function rankRow(r: IRankState, run: IRunState): HTMLElement {
+  const total = r.total ?? run.totalSteps;
+  const fraction = total ? Math.min(1, r.step / total) : null;
+  const done = run.status === 'done' || (total !== null && r.step >= total);
+  const fill = h('div', {
+    class: 'jp-Phalanx-barFill',
+    style: `width: ${fraction === null ? 100 : Math.round(fraction * 100)}%; background: ${rankColor(r.rank)}`
+  });
+  const bar = h(
+    'div',
+    {
+      class: `jp-Phalanx-bar${fraction === null ? ' jp-mod-indeterminate' : ''}`,
+      role: 'progressbar',
+      'aria-valuemin': '0',
+      'aria-valuenow': String(r.step),
+      ...(total ? { 'aria-valuemax': String(total) } : {})
+    },
+    fill
+  );
+  const count = total ? `${r.step}/${total}` : `${r.step} steps`;
+  const eta = done ? 'done' : `ETA ${fmt.duration(r.etaS)}`;
+  return h(
+    'div',
+    {
+      class: `jp-Phalanx-rank${r.straggler ? ' jp-mod-straggler' : ''}${done ? ' jp-mod-done' : ''}`,
+      'data-rank': String(r.rank),
+      'data-step': String(r.step)
+    },
+    h('span', { class: 'jp-Phalanx-rankLabel' }, `rank ${r.rank}`),
+    bar,
+    h('span', { class: 'jp-Phalanx-rankStats' }, `${count} · ${fmt.rate(r.stepsPerS)} · ${eta}`),
+    r.straggler
+      ? h(
+          'span',
+          { class: 'jp-Phalanx-straggler', title: 'more than 20% behind the median rank' },
+          'straggler'
+        )
+      : null
+  );
+}
+
+function emptyMessage(model: PhalanxModel | null): Node | string {
+  if (!model || model.connection !== 'attached') {
+    return 'No run.';
+  }
+  return h('span', {}, 'No run yet. Train with a ', h('code', {}, '%%distributed_fit'), ' cell.');
+}

@@ -1,0 +1,62 @@
+import { describe, expect, it } from 'vitest';
+
+import { alignSeries } from '../src/chartdata';
+import { MetricHistory } from '../src/history';
+import { row } from './events';
+
+describe('MetricHistory', () => {
+  it('splits rows by metric and rank, keeping order', () => {
+    const h = new MetricHistory();
+    h.add([
+      { rank: 0, step: 1, t: 1, metrics: { loss: 3, acc: 0.1 } },
+      { rank: 1, step: 1, t: 1, metrics: { loss: 4 } },
+      { rank: 0, step: 2, t: 2, metrics: { loss: 2 } }
+    ]);
+    expect(h.metricNames).toEqual(['loss', 'acc']);
+    expect(h.series('loss').get(0)).toEqual({ steps: [1, 2], values: [3, 2] });
+    expect(h.series('acc').get(1)).toBeUndefined();
+    expect(h.series('missing').size).toBe(0);
+    expect(h.rowCount).toBe(3);
+  });
+
+  it('keeps every row of a long history', () => {
+    const h = new MetricHistory();
+    for (let i = 0; i < 100; i++) {
+      h.add(Array.from({ length: 1000 }, (_, j) => row(j % 2, i * 1000 + j, 1, i * 1000 + j)));
+    }
+    expect(h.rowCount).toBe(100_000);
+    expect(h.series('loss').get(1)?.steps).toHaveLength(50_000);
+  });
+
+  it('accepts two rows of one step at different times, skips exact repeats', () => {
+    const h = new MetricHistory();
+    expect(h.add([row(0, 5, 1, 10), row(0, 5, 2, 11)])).toBe(2);
+    expect(h.add([row(0, 5, 2, 11), row(0, 4, 9, 9)])).toBe(0);
+    expect(h.add([row(0, 6, 1, 11)])).toBe(1); // same time, next step: new
+  });
+});
+
+describe('alignSeries', () => {
+  it('aligns ranks on steps with gaps and a mean column', () => {
+    const h = new MetricHistory();
+    h.add([row(0, 1, 4), row(1, 1, 2), row(0, 2, 3), row(1, 3, 1)]);
+    const { ranks, data } = alignSeries(h.series('loss'));
+    expect(ranks).toEqual([0, 1]);
+    expect(data).toEqual([
+      [1, 2, 3],
+      [4, 3, null],
+      [2, null, 1],
+      [3, 3, 1]
+    ]);
+  });
+
+  it('turns non-positive values into gaps for a log scale', () => {
+    const h = new MetricHistory();
+    h.add([row(0, 1, 0), row(0, 2, -1), row(0, 3, 0.5)]);
+    expect(alignSeries(h.series('loss'), true).data[1]).toEqual([null, null, 0.5]);
+  });
+
+  it('handles no data', () => {
+    expect(alignSeries(new Map()).data).toEqual([[], []]);
+  });
+});

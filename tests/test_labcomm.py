@@ -1,0 +1,406 @@
+"""The kernel end of the lab panel's comm, with a fake session, fake comms and a fake clock.
+
+Pure logic (routing, throttling, coalescing, validation), so fakes are fine here; the real
+comm through a real JupyterLab is exercised by the browser tests.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from phalanx import events
+from phalanx._bus import EventBus
+from phalanx._labcomm import HISTORY_CHUNK_ROWS, MAX_COMMS, LabComm, Outbox, wire_safe
+from phalanx.events import COMM_TARGET, validate_event
+
+
+class FakeComm:
+    def __init__(self, fail: bool = False) -> None:
+        self.sent: list[dict] = []
+        self.closed = False
+        self.fail = fail
+        self.msg_cb = self.close_cb = None
+
+    def on_msg(self, cb):
+        self.msg_cb = cb
+
+    def on_close(self, cb):
+        self.close_cb = cb
+
+    def send(self, data):
+        if self.fail:
+            raise OSError("socket gone")
+        self.sent.append(data)
+
+    def close(self):
+        self.closed = True
+
+    # what the frontend does
+    def request(self, data):
+        self.msg_cb({"content": {"data": data}})
+
+    def types(self):
+        return [m["type"] for m in self.sent]
+
+
+class FakeManager:
+    def __init__(self) -> None:
+        self.targets: dict = {}
+
+    def register_target(self, name, f):
+        self.targets[name] = f
+
+    def unregister_target(self, name, f):
+        return self.targets.pop(name)
+
+    def open(self, data=None) -> FakeComm:
+        """A panel opening a comm to the target, as the kernel's comm manager would route it."""
+        comm = FakeComm()
+        self.targets[COMM_TARGET](comm, {"content": {"data": data or {}}})
+        return comm
+
+
+class FakeSession:
+    def __init__(self, max_engines: int = 4) -> None:
+        self.events = EventBus()
+        self.max_engines = max_engines
+        self.scaled: list[int] = []
+        self.stopped = 0
+        self.rows: list[dict] = []
+
+    def scale(self, n):
+        if n == 3 and self.max_engines == 99:
+            raise RuntimeError("engine 2 did not start")
+        self.scaled.append(n)
+        self.events.emit(events.cluster_state([_engine(r) for r in range(n)], self.max_engines))
+
+    def stop_cluster(self):
+        self.stopped += 1
+
+    def run_history_rows(self):
+        return self.rows
+
+
+class FakeTime:
+    """A clock that only moves when told, and a scheduler that runs timers when time passes."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.timers: list[list] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def schedule(self, delay, fn):
+        timer = [self.now + delay, fn, False]
+        self.timers.append(timer)
+        return lambda: timer.__setitem__(2, True)
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+        for timer in [t for t in self.timers if t[0] <= self.now and not t[2]]:
+            self.timers.remove(timer)
+            timer[1]()
+
+
+def _engine(rank: int) -> dict:
+    return {"rank": rank, "engine_id": rank, "host": "h", "pid": 10 + rank, "device": "cpu",
+            "state": "idle", "memory_mb": 100.0, "step": None}
+
+
+def _row(rank: int, step: int, loss: float = 1.0) -> dict:
+    return {"rank": rank, "step": step, "t": float(step), "metrics": {"loss": loss}}
+
+
+@pytest.fixture
+def rig():
+    session, manager, fake_time = FakeSession(), FakeManager(), FakeTime()
+    announced: list[dict] = []
+
+    def create_comm(**kwargs):
+        announced.append(kwargs)
+        return FakeComm()
+
+    lab = LabComm(session, comm_manager=manager, create_comm=create_comm,
+                  clock=fake_time.clock, schedule=fake_time.schedule)
+    lab.register()
+    yield session, manager, fake_time, lab, announced
+    lab.close()
+
+
+def test_register_installs_target_and_announces(rig):
+    session, manager, _, lab, announced = rig
+    assert manager.targets[COMM_TARGET] == lab._on_open
+    assert announced == [{"target_name": COMM_TARGET, "data": {}}]
+    lab.register()  # idempotent: no second subscription, no second announcement
+    assert len(announced) == 1
+
+
+def test_open_answers_with_a_valid_snapshot(rig):
+    session, manager, *_ = rig
+    session.events.emit(events.cluster_state([_engine(0), _engine(1)], 4))
+    comm = manager.open({"v": 1, "type": "request_snapshot"})
+    assert comm.types() == ["snapshot"]
+    snap = validate_event(comm.sent[0])
+    assert [e["type"] for e in snap["events"]] == ["cluster"]
+    assert len(snap["events"][0]["engines"]) == 2
+
+
+def test_snapshot_carries_progress_and_the_whole_history_in_chunks(rig):
+    session, manager, fake_time, *_ = rig
+    session.events.emit(events.run_started("r1", 2, 10, "allreduce"))
+    session.events.emit(events.progress("r1", [{"rank": 0, "step": 3}]))
+    fake_time.advance(1)
+    session.events.emit(events.progress("r1", [{"rank": 1, "step": 4}]))
+    n_rows = HISTORY_CHUNK_ROWS + 7
+    session.rows = [_row(i % 2, i) for i in range(n_rows)]
+    comm = manager.open()
+    assert comm.types() == ["snapshot", "metrics", "metrics"]
+    inner = comm.sent[0]["events"]
+    assert [e["type"] for e in inner] == ["run_started", "progress"]
+    assert [r["step"] for r in inner[1]["ranks"]] == [3, 4]  # merged over both updates
+    assert sum(len(m["rows"]) for m in comm.sent[1:]) == n_rows
+    assert all(m["run"] == "r1" for m in comm.sent[1:])
+
+
+def test_events_are_throttled_and_metric_rows_never_dropped(rig):
+    session, manager, fake_time, *_ = rig
+    comm = manager.open()
+    comm.sent.clear()
+    session.events.emit(events.run_started("r1", 2, None, "allreduce"))  # sent at once
+    assert comm.types() == ["run_started"]
+    for step in range(50):  # a burst within one interval: coalesced, not sent yet
+        session.events.emit(events.metrics("r1", [_row(0, step), _row(1, step)]))
+        session.events.emit(events.progress("r1", [{"rank": step % 2, "step": step}]))
+        session.events.emit(events.cluster_state([_engine(0)], 4))
+    assert comm.types() == ["run_started"]
+    fake_time.advance(0.1)
+    assert sorted(comm.types()[1:]) == ["cluster", "metrics", "progress"]
+    rows = [r for m in comm.sent if m["type"] == "metrics" for r in m["rows"]]
+    assert len(rows) == 100
+    assert [(r["rank"], r["step"]) for r in rows] == [(s % 2, s // 2) for s in range(100)]
+    progress = next(m for m in comm.sent if m["type"] == "progress")
+    assert {r["rank"]: r["step"] for r in progress["ranks"]} == {0: 48, 1: 49}
+
+
+def test_rate_stays_near_ten_messages_per_second(rig):
+    session, manager, fake_time, *_ = rig
+    comm = manager.open()
+    comm.sent.clear()
+    session.events.emit(events.run_started("r1", 1, None, "allreduce"))
+    for i in range(1000):  # 10 s of events at 100 Hz, two kinds each time
+        session.events.emit(events.metrics("r1", [_row(0, i)]))
+        session.events.emit(events.progress("r1", [{"rank": 0, "step": i}]))
+        fake_time.advance(0.01)
+    fake_time.advance(1)
+    assert len(comm.sent) <= 10 * 11 + 2
+    assert sum(len(m["rows"]) for m in comm.sent if m["type"] == "metrics") == 1000
+
+
+def test_every_panel_gets_every_event_and_closed_ones_are_forgotten(rig):
+    session, manager, fake_time, lab, _ = rig
+    a, b = manager.open(), manager.open()
+    assert lab.comm_count == 2
+    b.close_cb({})
+    assert lab.comm_count == 1
+    session.events.emit(events.run_ended("r1", "done", 1.0))
+    assert a.types()[-1] == "run_ended"
+    assert b.types() == ["snapshot"]
+
+
+def test_a_broken_comm_is_dropped_and_does_not_stop_others(rig, caplog):
+    session, manager, fake_time, lab, _ = rig
+    good = manager.open()
+    bad = manager.open()
+    bad.fail = True
+    with caplog.at_level(logging.WARNING, logger="phalanx"):
+        session.events.emit(events.run_ended("r1", "done", 1.0))
+    assert good.types()[-1] == "run_ended"
+    assert lab.comm_count == 1
+    assert "failed to send" in caplog.text
+
+
+def test_too_many_comms_close_the_oldest(rig):
+    _, manager, _, lab, _ = rig
+    comms = [manager.open() for _ in range(MAX_COMMS + 2)]
+    assert lab.comm_count == MAX_COMMS
+    assert [c.closed for c in comms[:3]] == [True, True, False]
+
+
+def test_scale_and_stop_requests_reach_the_session(rig):
+    session, manager, fake_time, *_ = rig
+    comm = manager.open()
+    comm.request({"v": 1, "type": "scale", "n": 3})
+    comm.request({"v": 1, "type": "stop"})
+    assert session.scaled == [3]
+    assert session.stopped == 1
+    fake_time.advance(1)
+    assert comm.types()[-1] == "cluster"
+    assert len(comm.sent[-1]["engines"]) == 3
+
+
+def test_scale_above_the_limit_is_refused_with_an_error_event(rig, caplog):
+    session, manager, *_ = rig
+    session.events.emit(events.cluster_state([_engine(0), _engine(1)], 4))
+    comm = manager.open()
+    with caplog.at_level(logging.WARNING, logger="phalanx"):
+        comm.request({"v": 1, "type": "scale", "n": 5})
+    assert session.scaled == []
+    error = validate_event(comm.sent[-1])
+    assert error["type"] == "cluster" and "at most 4" in error["error"]
+    assert len(error["engines"]) == 2  # the current engines, unchanged
+    assert "cannot scale to 5" in caplog.text
+
+
+def test_a_failing_scale_becomes_an_error_event_and_the_comm_keeps_working(rig):
+    session, manager, *_ = rig
+    session.max_engines = 99
+    comm = manager.open()
+    comm.request({"v": 1, "type": "scale", "n": 3})
+    assert "engine 2 did not start" in comm.sent[-1]["error"]
+    comm.request({"v": 1, "type": "request_snapshot"})
+    assert comm.types()[-1] == "snapshot"
+
+
+@pytest.mark.parametrize("bad", [
+    None, "scale", [], {"type": "scale", "n": 2}, {"v": 2, "type": "scale", "n": 2},
+    {"v": 1, "type": "exec", "code": "import os"}, {"v": 1, "type": "scale", "n": "3"},
+    {"v": 1, "type": "scale", "n": 0}, {"v": 1, "type": "scale", "n": True},
+])
+def test_invalid_requests_are_logged_and_ignored(rig, caplog, bad):
+    session, manager, *_ = rig
+    comm = manager.open()
+    with caplog.at_level(logging.WARNING, logger="phalanx"):
+        comm.request(bad)
+    assert session.scaled == [] and session.stopped == 0
+    assert comm.types() == ["snapshot"]
+    assert "invalid request" in caplog.text
+
+
+def test_an_invalid_open_request_still_gets_the_snapshot(rig, caplog):
+    _, manager, *_ = rig
+    with caplog.at_level(logging.WARNING, logger="phalanx"):
+        comm = manager.open({"v": 1, "type": "nonsense"})
+    assert comm.types() == ["snapshot"]
+    assert "invalid request" in caplog.text
+
+
+def test_invalid_bus_events_are_not_forwarded(rig, caplog):
+    session, manager, fake_time, *_ = rig
+    comm = manager.open()
+    with caplog.at_level(logging.WARNING, logger="phalanx"):
+        session.events.emit({"v": 1, "type": "progress", "run": "r", "ranks": [{"rank": "x"}]})
+    fake_time.advance(1)
+    assert comm.types() == ["snapshot"]
+    assert "invalid event" in caplog.text
+
+
+def test_non_finite_metrics_are_left_out_and_the_row_kept(rig):
+    session, manager, fake_time, *_ = rig
+    comm = manager.open()
+    session.events.emit(events.metrics("r", [{"rank": 0, "step": 1, "t": 0.5,
+                                              "metrics": {"loss": float("nan"), "acc": 0.9}}]))
+    session.events.emit(events.progress("r", [{"rank": 0, "step": 1, "eta_s": float("inf"),
+                                               "metrics": {"loss": float("-inf")}}]))
+    fake_time.advance(1)
+    metrics = next(m for m in comm.sent if m["type"] == "metrics")
+    progress = next(m for m in comm.sent if m["type"] == "progress")
+    assert metrics["rows"][0]["metrics"] == {"acc": 0.9}
+    assert progress["ranks"][0]["eta_s"] is None and progress["ranks"][0]["metrics"] == {}
+
+
+def test_history_failure_still_sends_the_snapshot(rig, caplog):
+    session, manager, *_ = rig
+    session.events.emit(events.run_started("r1", 1, None, "allreduce"))
+    session.run_history_rows = lambda: 1 / 0
+    comm = manager.open()
+    assert comm.types() == ["snapshot"]
+    assert "could not read the run history" in caplog.text
+
+
+def test_close_unregisters_and_closes_comms(rig):
+    session, manager, fake_time, lab, _ = rig
+    comm = manager.open()
+    lab.close()
+    assert COMM_TARGET not in manager.targets
+    assert comm.closed
+    session.events.emit(events.run_ended("r1", "done", 1.0))
+    fake_time.advance(1)
+    assert comm.types() == ["snapshot"]
+
+
+def test_outbox_keeps_order_of_run_boundaries_and_latest_network():
+    box = Outbox()
+    box.add(events.run_started("a", 1, None, "allreduce"))
+    box.add(events.network_state("net", [], []))
+    box.add(events.run_ended("a", "done", 1.0))
+    box.add(events.network_state("net", [{"id": "n", "label": "n", "kind": "model",
+                                          "state": "fitted"}], []))
+    drained = box.drain()
+    assert [e["type"] for e in drained] == ["run_started", "network", "run_ended"]
+    assert drained[1]["nodes"][0]["state"] == "fitted"
+    assert len(box) == 0
+
+
+def test_outbox_does_not_mutate_the_producers_rows():
+    rows = [_row(0, 0)]
+    box = Outbox()
+    box.add(events.metrics("r", rows))
+    box.add(events.metrics("r", [_row(0, 1)]))
+    assert len(rows) == 1
+    assert len(box.drain()[0]["rows"]) == 2
+
+
+def test_wire_safe_leaves_other_events_alone():
+    ev = events.cluster_state([], 2)
+    assert wire_safe(ev) is ev
+
+
+def test_register_uses_the_comm_package_by_default():
+    """Outside a kernel the comm package's defaults work (no frontend: nothing is sent)."""
+    import comm
+
+    session = FakeSession()
+    lab = LabComm(session)
+    lab.register()
+    try:
+        assert comm.get_comm_manager().targets[COMM_TARGET] == lab._on_open
+    finally:
+        lab.close()
+    assert COMM_TARGET not in comm.get_comm_manager().targets
+
+
+def test_a_panel_attaching_mid_stream_gets_pending_rows_only_through_its_snapshot(rig):
+    session, manager, fake_time, *_ = rig
+    first = manager.open()
+    session.events.emit(events.run_started("r1", 1, None, "allreduce"))
+    session.events.emit(events.metrics("r1", [_row(0, 1)]))  # pending: within the interval
+    session.rows = [_row(0, 1)]
+    second = manager.open()
+    assert first.types()[-1] == "metrics"  # flushed to the panel already attached
+    assert second.types() == ["snapshot", "metrics"]  # the row once, from the history
+    fake_time.advance(1)
+    assert second.types() == ["snapshot", "metrics"]
+
+
+def test_the_panel_and_the_kernel_agree_on_the_schema():
+    """labextension/test/fixtures/messages.json is also checked by the TypeScript validator."""
+    import json
+    from pathlib import Path
+
+    from phalanx.events import SchemaError, validate_request
+
+    path = Path(__file__).parents[1] / "labextension" / "test" / "fixtures" / "messages.json"
+    shared = json.loads(path.read_text())
+    for event in shared["valid_events"]:
+        validate_event(event)
+    for request in shared["valid_requests"]:
+        validate_request(request)
+    for event in shared["invalid_events"]:
+        with pytest.raises(SchemaError):
+            validate_event(event)
+    for request in shared["invalid_requests"]:
+        with pytest.raises(SchemaError):
+            validate_request(request)
