@@ -55,3 +55,17 @@ def test_incremental_sklearn_close_to_single_process():
                         "{'single': single_accuracy, 'avg': averaged_accuracy, 'local': localsgd_accuracy}")
     assert result["avg"] >= result["single"] - 0.02, result
     assert result["local"] >= result["single"] - 0.03, result
+
+
+def test_learning_networks_retrain_only_what_changed():
+    checks = ("{'first': log.actions, 'tree': log_tree.actions, 'same': log_same.actions, "
+              "'pca': log_pca.actions, 'y': log_y.actions, 'cluster': log_cluster.actions, "
+              "'r2': network_r2}")
+    result, _ = execute("02-learning-networks.ipynb", checks)
+    assert set(result["first"].values()) == {"fit"}
+    assert result["tree"] == {"stand": "skip", "pca": "skip", "ridge": "skip", "tree": "fit"}
+    assert set(result["same"].values()) == {"skip"}
+    assert result["pca"] == {"stand": "skip", "pca": "fit", "ridge": "fit", "tree": "fit"}
+    assert result["y"] == {"stand": "skip", "pca": "skip", "ridge": "fit", "tree": "fit"}
+    assert result["cluster"] == {"stand": "skip", "pca": "skip", "ridge": "fit", "tree": "fit"}
+    assert result["r2"] > 0.2

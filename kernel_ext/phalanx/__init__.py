@@ -15,7 +15,8 @@ from .runtime import allreduce, barrier, broadcast, bytes_sent, log, wrap
 
 __version__ = "0.1.0"
 __all__ = ["log", "allreduce", "broadcast", "barrier", "wrap", "bytes_sent", "last_run", "manifest",
-           "cluster_widget", "get_session", "load_ipython_extension", "unload_ipython_extension"]
+           "cluster_widget", "data_parallel", "get_session", "load_ipython_extension",
+           "unload_ipython_extension"]
 
 
 def get_session() -> Any:
@@ -38,6 +39,18 @@ def manifest() -> Any:
 def cluster_widget() -> Any:
     """A widget showing the cluster with buttons to scale, stop and restart it."""
     return get_session().cluster_view()
+
+
+def data_parallel(**options: Any) -> Any:
+    """A learning-network ``fit_runner`` training the machine's model on every engine.
+
+    Example::
+
+        mlp = machine(TorchRegressor(), Z, y, fit_runner=phalanx.data_parallel(sync="localsgd", every=4))
+    """
+    from ._data_parallel import data_parallel as make_runner
+
+    return make_runner(**options)
 
 
 def load_ipython_extension(ipython: Any) -> None:

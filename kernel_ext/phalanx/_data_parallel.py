@@ -1,0 +1,53 @@
+"""Data-parallel nodes: a learning-network machine whose model trains on every engine at once.
+
+``machine(model, Z, y, fit_runner=data_parallel())`` makes the machine's fit a
+``%%distributed_fit`` run: its inputs are sharded by rows across the cluster's ranks, the model's
+own ``fit`` runs on every rank (a torch training loop inside it is synchronised by the chosen
+strategy through the zero-change optimizer hooks; a ``partial_fit`` learner gets parameter
+averaging), and rank 0's trained copy comes back as the fitted estimator.  Smart retraining
+works around it as for any machine: it refits only when its inputs or hyperparameters change.
+
+Example::
+
+    mlp = machine(TorchRegressor(hidden=32), Z, y, fit_runner=data_parallel(sync="allreduce"))
+    yhat = mlp.predict(Z); yhat.fit()
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+_FIT_BODY = """
+if y is None:
+    estimator.fit(X)
+else:
+    estimator.fit(X, y)
+"""
+
+
+def data_parallel(sync: str = "allreduce", every: int = 1, alpha: float = 0.5,
+                  seed: int | None = 0, n: int | None = None,
+                  session: Any = None) -> Callable[..., Any]:
+    """A ``fit_runner`` that trains a machine's model data-parallel on the cluster.
+
+    ``sync``/``every``/``alpha``/``seed``/``n`` mean what they mean for ``%%distributed_fit``.
+    The machine's first input is sharded by rows (and its target, when it has one).
+    """
+    def run(estimator: Any, *inputs: Any, cluster: Any = None) -> Any:
+        from ._session import session_for_shell
+        from .fit import FitOptions
+
+        owner = session if session is not None else session_for_shell()
+        if len(inputs) not in (1, 2):
+            raise ValueError(f"a data-parallel machine takes X or X, y; got {len(inputs)} inputs")
+        X, y = inputs[0], inputs[1] if len(inputs) == 2 else None
+        namespace = {"estimator": estimator, "X": X, "y": y}
+        shard = "X,y" if y is not None else "X"
+        opts = FitOptions.build(n=n, sync=sync, every=every, alpha=alpha, seed=seed, shard=shard,
+                                returns="estimator", name=f"fit {type(estimator).__name__}",
+                                widget=False)
+        owner.distributed_fit(_FIT_BODY, opts, namespace)
+        return namespace["estimator"]
+
+    run.__name__ = f"data_parallel_{sync}"
+    return run
