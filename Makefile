@@ -10,12 +10,19 @@ PYTEST_ARGS ?=
 
 .PHONY: setup lab test demo bench chromium clean
 
+# The lab panel's sources: an edit to any of them re-runs the install, which rebuilds the panel
+# and copies it where JupyterLab loads it from.
+LAB_SOURCES := labextension/package.json labextension/yarn.lock \
+               $(shell find labextension/src labextension/style -type f 2>/dev/null)
+
 # torch first, pinned: the CPU build then satisfies the package's own range and pip does not
-# fetch several GB of CUDA wheels.
-$(STAMP): pyproject.toml
+# fetch several GB of CUDA wheels.  The editable build only notices newer files in
+# labextension/src, so a changed style, package.json or yarn.lock removes the built panel first.
+$(STAMP): pyproject.toml $(LAB_SOURCES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
+	$(if $(filter labextension/%,$?),rm -rf kernel_ext/phalanx/labextension)
 	$(PIP) install -q -e ".[test]"
 	touch $(STAMP)
 
@@ -30,7 +37,9 @@ chromium:
 lab: setup
 	$(VENV)/bin/jupyter lab notebooks/01-quickstart.ipynb
 
+# The panel's TypeScript unit tests first (seconds), then the Python suite.
 test: setup chromium
+	cd labextension && ../$(VENV)/bin/jlpm install --immutable && ../$(VENV)/bin/jlpm test
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 demo: setup

@@ -121,6 +121,8 @@ def _check_run_started(m: Mapping[str, Any]) -> None:
     _need(m, "run", str, "run_started")
     _need(m, "world_size", int, "run_started")
     _opt_num(m, "total_steps", "run_started")
+    if m.get("name") is not None:
+        _need(m, "name", str, "run_started")
 
 
 def _check_progress(m: Mapping[str, Any]) -> None:
@@ -234,10 +236,11 @@ def cluster_state(engines: Iterable[Mapping[str, Any]], max_engines: int, busy: 
                   busy=busy, error=error, launcher=launcher)
 
 
-def run_started(run: str, world_size: int, total_steps: int | None, strategy: str) -> dict:
-    """A ``%%distributed_fit`` run began."""
+def run_started(run: str, world_size: int, total_steps: int | None, strategy: str,
+                name: str | None = None) -> dict:
+    """A ``%%distributed_fit`` run began (``name``: the ``--name`` shown to people)."""
     return _event("run_started", run=run, world_size=world_size, total_steps=total_steps,
-                  strategy=strategy)
+                  strategy=strategy, name=name)
 
 
 def progress(run: str, ranks: Iterable[Mapping[str, Any]]) -> dict:

@@ -4,6 +4,7 @@
  */
 import dagre, { EdgeLabel, GraphLabel, NodeLabel } from '@dagrejs/dagre';
 
+import { fitTime } from './format';
 import type { INetworkEvent, INetworkNode } from './protocol';
 
 export interface INodeBox {
@@ -38,12 +39,21 @@ export function nodeWidth(node: INetworkNode): number {
   return Math.max(64, PADDING + CHAR_WIDTH * Math.max(node.label.length, status.length));
 }
 
-/** "fitted 1.2 s", "queued", ... the second line of a node. */
-export function statusLine(node: INetworkNode): string {
+/** A node's state with its fit time when it has one: "fitted 1.23 s", "queued". */
+export function stateText(node: INetworkNode): string {
   const t = node.fit_time_s;
-  return t === null || t === undefined
-    ? node.state
-    : `${node.state} ${t < 10 ? t.toFixed(2) : t.toFixed(0)} s`;
+  return t === null || t === undefined ? node.state : `${node.state} ${fitTime(t)}`;
+}
+
+/**
+ * The second line of a node box. Sources hold data rather than a model, so
+ * they say "source" (or "no data") instead of "fitted" (or "fresh").
+ */
+export function statusLine(node: INetworkNode): string {
+  if (node.kind === 'source' && (node.state === 'fitted' || node.state === 'fresh')) {
+    return node.state === 'fitted' ? 'source' : 'no data';
+  }
+  return stateText(node);
 }
 
 export function layoutNetwork(network: INetworkEvent): IDagLayout {

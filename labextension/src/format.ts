@@ -18,6 +18,18 @@ export function duration(seconds: number | null | undefined): string {
   return `${Math.floor(s / 3600)} h ${Math.floor((s % 3600) / 60)} min`;
 }
 
+/** A fit time: "6 ms" below a second (where "0.00 s" would hide it), else "1.23 s". */
+export function fitTime(seconds: number | null | undefined): string {
+  if (seconds === null || seconds === undefined || !Number.isFinite(seconds)) {
+    return '–';
+  }
+  if (seconds < 1) {
+    const ms = seconds * 1000;
+    return ms < 1 ? '<1 ms' : `${Math.round(ms)} ms`;
+  }
+  return seconds < 10 ? `${seconds.toFixed(2)} s` : `${Math.round(seconds)} s`;
+}
+
 /** Megabytes as MB below 1 GB, else GB with one decimal. */
 export function memory(mb: number | null | undefined): string {
   if (mb === null || mb === undefined || !Number.isFinite(mb)) {

@@ -34,6 +34,8 @@ export interface IRankState {
 
 export interface IRunState {
   readonly id: string;
+  /** What the person called the run (null when the kernel did not say). */
+  readonly name: string | null;
   readonly worldSize: number | null;
   readonly totalSteps: number | null;
   readonly strategy: string | null;
@@ -132,6 +134,7 @@ export class PhalanxModel {
         return;
       case 'run_started':
         this._startRun(event.run, {
+          name: event.name ?? null,
           worldSize: event.world_size,
           totalSteps: event.total_steps ?? null,
           strategy: event.strategy ?? null
@@ -184,7 +187,7 @@ export class PhalanxModel {
 
   private _startRun(
     id: string,
-    info: Pick<IMutableRun, 'worldSize' | 'totalSteps' | 'strategy'>
+    info: Pick<IMutableRun, 'name' | 'worldSize' | 'totalSteps' | 'strategy'>
   ): IMutableRun {
     if (this._run && this._run.id === id) {
       // The same run again (a snapshot after live updates): keep its history.
@@ -210,7 +213,7 @@ export class PhalanxModel {
    */
   private _runFor(id: string): IMutableRun | null {
     if (!this._run) {
-      return this._startRun(id, { worldSize: null, totalSteps: null, strategy: null });
+      return this._startRun(id, { name: null, worldSize: null, totalSteps: null, strategy: null });
     }
     return this._run.id === id ? this._run : null;
   }

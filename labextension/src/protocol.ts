@@ -73,6 +73,8 @@ export interface IRunStartedEvent extends IEventBase {
   world_size: number;
   total_steps?: number | null;
   strategy?: string;
+  /** The run's name (`--name`, else the kernel's default); the id is opaque. */
+  name?: string | null;
 }
 
 export interface IProgressEvent extends IEventBase {
@@ -204,6 +206,7 @@ function checkRunStarted(m: Obj): void {
   need(m, 'run', 'string', 'run_started');
   need(m, 'world_size', 'int', 'run_started');
   optional(m, 'total_steps', 'number', 'run_started');
+  optional(m, 'name', 'string', 'run_started');
 }
 
 function checkProgress(m: Obj): void {

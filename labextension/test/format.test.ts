@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 
-import { layoutNetwork, nodeWidth, statusLine } from '../src/dag';
+import { layoutNetwork, nodeWidth, stateText, statusLine } from '../src/dag';
 import * as fmt from '../src/format';
 import { network } from './events';
 
@@ -21,6 +21,14 @@ describe('format', () => {
     expect(fmt.metric(0.000012345)).toBe('1.234e-5');
     expect(fmt.metric(0.5)).toBe('0.5');
     expect(fmt.param({ a: 1 })).toBe('{"a":1}');
+  });
+
+  it('formats fit times so that fast fits do not read as zero', () => {
+    expect(fmt.fitTime(0.0063)).toBe('6 ms');
+    expect(fmt.fitTime(0.0002)).toBe('<1 ms');
+    expect(fmt.fitTime(1.234)).toBe('1.23 s');
+    expect(fmt.fitTime(42.4)).toBe('42 s');
+    expect(fmt.fitTime(null)).toBe('–');
   });
 });
 
@@ -67,6 +75,14 @@ describe('layoutNetwork', () => {
       fit_time_s: 1.234
     };
     expect(statusLine(node)).toBe('fitted 1.23 s');
+    expect(statusLine({ ...node, fit_time_s: 0.004 })).toBe('fitted 4 ms');
     expect(nodeWidth(node)).toBeGreaterThan(nodeWidth({ ...node, label: 'x' }));
+  });
+
+  it('says "source" for data, not "fitted"', () => {
+    const source = { id: 'X', label: 'X', kind: 'source', state: 'fitted' as const };
+    expect(statusLine(source)).toBe('source');
+    expect(statusLine({ ...source, state: 'fresh' })).toBe('no data');
+    expect(stateText(source)).toBe('fitted');
   });
 });

@@ -38,6 +38,7 @@ describe('PhalanxModel', () => {
     model.apply(ended('r1'));
     const run = model.run!;
     expect(run.id).toBe('r1');
+    expect(run.name).toBeNull();
     expect(run.totalSteps).toBe(10);
     expect(run.status).toBe('done');
     expect(run.wallS).toBe(2.5);
@@ -47,6 +48,13 @@ describe('PhalanxModel', () => {
     ]);
     expect(run.history.rowCount).toBe(3);
     expect(run.history.series('loss').get(0)).toEqual({ steps: [1, 2], values: [2.0, 1.5] });
+  });
+
+  it('keeps the run name the kernel sends', () => {
+    const { model } = modelWithLog();
+    expect(model.receive({ ...started('9c2b-1'), name: 'panel-run' })).toBe(true);
+    expect(model.run?.name).toBe('panel-run');
+    expect(model.receive({ ...started('9c2b-2'), name: 5 })).toBe(false);
   });
 
   it('starts over on a new run and ignores late updates of the old one', () => {

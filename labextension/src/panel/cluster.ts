@@ -1,19 +1,19 @@
 /**
  * Cluster section: the engines table and the scale/stop controls. The
  * controls are built once and only updated, so typing in the count box is
- * never interrupted by a live update.
+ * never interrupted by a live update. After +, − or Stop the section says
+ * what it waits for until the kernel answers (starting engines takes a while).
  */
+import { EngineColumn, engineColumns, PendingRequest } from '../engines';
 import * as fmt from '../format';
 import { PhalanxModel } from '../model';
-import { IClusterEvent } from '../protocol';
+import { IClusterEvent, IEngine } from '../protocol';
 import { h, ISection, replaceChildren, section, showEmpty } from './dom';
 
 export interface IClusterActions {
   scale(n: number): void;
   stop(): void;
 }
-
-const COLUMNS = ['rank', 'host', 'device', 'state', 'memory', 'step'];
 
 export class ClusterView {
   constructor(private readonly _actions: IClusterActions) {
@@ -42,20 +42,24 @@ export class ClusterView {
     );
     this._minus.onclick = () => this._scaleBy(-1);
     this._plus.onclick = () => this._scaleBy(+1);
-    this._stop.onclick = () => this._actions.stop();
+    this._stop.onclick = () => {
+      this._pending = new PendingRequest('stopping…', this._cluster);
+      this._actions.stop();
+      this._showControls();
+    };
     this._count.onkeydown = event => {
       if (event.key === 'Enter') {
         this._scaleTo(Number(this._count.value));
       }
     };
     this._tbody = h('tbody');
+    this._head = h('tr');
     this._error = h('div', { class: 'jp-Phalanx-error', role: 'alert' });
-    const head = h('tr', {}, ...COLUMNS.map(c => h('th', {}, c)));
     this._section.body.append(
       h(
         'div',
         { class: 'jp-Phalanx-tableWrap' },
-        h('table', { class: 'jp-Phalanx-table' }, h('thead', {}, head), this._tbody)
+        h('table', { class: 'jp-Phalanx-table' }, h('thead', {}, this._head), this._tbody)
       ),
       h('div', { class: 'jp-Phalanx-controls' }, this._minus, this._count, this._plus, this._stop),
       this._error
@@ -68,6 +72,9 @@ export class ClusterView {
 
   update(model: PhalanxModel | null): void {
     const cluster = model?.connection === 'attached' ? model.cluster : null;
+    if (this._pending?.answeredBy(cluster) || !cluster) {
+      this._pending = null;
+    }
     this._cluster = cluster;
     this._error.textContent = cluster?.error ?? '';
     this._error.hidden = !cluster?.error;
@@ -77,41 +84,40 @@ export class ClusterView {
       return;
     }
     showEmpty(this._section, null);
+    const engines = [...cluster.engines].sort((a, b) => a.rank - b.rank);
+    const columns = engineColumns(engines);
+    replaceChildren(this._head, ...columns.map(c => h('th', {}, c)));
+    replaceChildren(
+      this._tbody,
+      ...engines.map(e =>
+        h('tr', { 'data-rank': String(e.rank) }, ...columns.map(c => engineCell(e, c)))
+      )
+    );
+    this._showControls();
+  }
+
+  /** Summary line and controls: locked while the kernel changes the cluster. */
+  private _showControls(): void {
+    const cluster = this._cluster;
+    if (!cluster) {
+      return;
+    }
     const n = cluster.engines.length;
-    this._section.summary.textContent =
-      `${n} engine${n === 1 ? '' : 's'} · ${cluster.launcher ?? 'local'} · max ${cluster.max_engines}` +
-      (cluster.busy ? ' · changing…' : '');
-    const rows = [...cluster.engines]
-      .sort((a, b) => a.rank - b.rank)
-      .map(e =>
-        h(
-          'tr',
-          { 'data-rank': String(e.rank) },
-          h('td', {}, String(e.rank)),
-          h(
-            'td',
-            { class: 'jp-Phalanx-host', title: e.pid ? `${e.host}, pid ${e.pid}` : e.host },
-            e.host
-          ),
-          h('td', {}, e.device ?? '–'),
-          h(
-            'td',
-            {},
-            h('span', { class: `jp-Phalanx-state jp-Phalanx-engine-${e.state}` }, e.state)
-          ),
-          h('td', {}, fmt.memory(e.memory_mb)),
-          h('td', {}, e.step === null || e.step === undefined ? '–' : String(e.step))
-        )
-      );
-    replaceChildren(this._tbody, ...rows);
-    const locked = cluster.busy;
+    const waiting = this._pending?.label ?? (cluster.busy ? 'changing…' : null);
+    replaceChildren(
+      this._section.summary,
+      // No-break spaces: a narrow sidebar wraps between parts, never inside "max 64".
+      `${n}\u00a0engine${n === 1 ? '' : 's'} · ${cluster.launcher ?? 'local'} · max\u00a0${cluster.max_engines}`,
+      waiting && h('span', { class: 'jp-Phalanx-pending', role: 'status' }, waiting)
+    );
+    const locked = waiting !== null;
     this._minus.disabled = locked || n <= 1;
     this._plus.disabled = locked || n >= cluster.max_engines;
     this._stop.disabled = locked;
     this._count.disabled = locked;
     this._count.max = String(cluster.max_engines);
     if (document.activeElement !== this._count) {
-      this._count.value = String(n);
+      this._count.value = String(this._pending?.target ?? n);
     }
   }
 
@@ -133,7 +139,9 @@ export class ClusterView {
       return;
     }
     if (n !== cluster.engines.length) {
+      this._pending = new PendingRequest(`scaling to ${n}…`, cluster, n);
       this._actions.scale(n);
+      this._showControls();
     }
   }
 
@@ -142,9 +150,36 @@ export class ClusterView {
   private _plus: HTMLButtonElement;
   private _count: HTMLInputElement;
   private _stop: HTMLButtonElement;
+  private _head: HTMLTableRowElement;
   private _tbody: HTMLTableSectionElement;
   private _error: HTMLElement;
   private _cluster: IClusterEvent | null = null;
+  private _pending: PendingRequest | null = null;
+}
+
+function engineCell(e: IEngine, column: EngineColumn): HTMLTableCellElement {
+  switch (column) {
+    case 'rank':
+      return h('td', {}, String(e.rank));
+    case 'host':
+      return h(
+        'td',
+        { class: 'jp-Phalanx-host', title: e.pid ? `${e.host}, pid ${e.pid}` : e.host },
+        e.host
+      );
+    case 'device':
+      return h('td', {}, e.device ?? '–');
+    case 'state':
+      return h(
+        'td',
+        {},
+        h('span', { class: `jp-Phalanx-state jp-Phalanx-engine-${e.state}` }, e.state)
+      );
+    case 'memory':
+      return h('td', {}, fmt.memory(e.memory_mb));
+    case 'step':
+      return h('td', {}, e.step === null || e.step === undefined ? '–' : String(e.step));
+  }
 }
 
 function emptyMessage(model: PhalanxModel | null, cluster: IClusterEvent | null): Node | string {

@@ -3,7 +3,7 @@
  * coloured by state; clicking a node shows its estimator, parameters and
  * last action. Layout is recomputed only when the network event changes.
  */
-import { IDagLayout, layoutNetwork, NODE_HEIGHT, statusLine } from '../dag';
+import { IDagLayout, layoutNetwork, NODE_HEIGHT, stateText, statusLine } from '../dag';
 import * as fmt from '../format';
 import { PhalanxModel } from '../model';
 import { INetworkEvent, INetworkNode, NODE_STATES } from '../protocol';
@@ -127,7 +127,7 @@ export class NetworkView {
         svg('text', { x: 8, y: 15, class: 'jp-Phalanx-nodeLabel' }, n.label),
         svg('text', { x: 8, y: NODE_HEIGHT - 8, class: 'jp-Phalanx-nodeStatus' }, statusLine(n))
       );
-      g.append(svg('title', {}, `${n.label} (${n.kind}): ${statusLine(n)}`));
+      g.append(svg('title', {}, `${n.label} (${n.kind}): ${stateText(n)}`));
       const select = (): void => {
         this._selectedNode = n.id;
         this._render();
@@ -166,7 +166,7 @@ function details(n: INetworkNode): HTMLElement {
       h('dt', {}, 'estimator'),
       h('dd', {}, n.estimator ?? '–'),
       h('dt', {}, 'state'),
-      h('dd', {}, statusLine(n)),
+      h('dd', {}, stateText(n)),
       h('dt', {}, 'last action'),
       h('dd', {}, n.last_action ?? '–')
     ),

@@ -50,12 +50,15 @@ export class RunView {
     this._run = run;
     if (!run) {
       this._section.summary.textContent = '';
+      this._section.summary.title = '';
+      delete this._section.node.dataset.status;
       showEmpty(this._section, emptyMessage(model));
       this._chart.clear();
       return;
     }
     showEmpty(this._section, null);
-    const parts = [run.id, run.status];
+    // The id is opaque ("9c2bf0ff5-1"): show the name when the kernel sent one, the id on hover.
+    const parts: string[] = run.name ? [run.name, run.status] : [run.status];
     if (run.strategy) {
       parts.push(run.strategy);
     }
@@ -66,6 +69,7 @@ export class RunView {
       parts.push(fmt.duration(run.wallS));
     }
     this._section.summary.textContent = parts.join(' · ');
+    this._section.summary.title = `run ${run.id}`;
     this._section.node.dataset.status = run.status;
     this._error.textContent = run.error ?? '';
     this._error.hidden = !run.error;

@@ -1,0 +1,43 @@
+/**
+ * Pure rules for the Cluster section: which engine-table columns carry
+ * information, and when a request the panel sent has been answered. No DOM.
+ */
+import type { IClusterEvent, IEngine } from './protocol';
+
+export const ENGINE_COLUMNS = ['rank', 'host', 'device', 'state', 'memory', 'step'] as const;
+export type EngineColumn = (typeof ENGINE_COLUMNS)[number];
+
+/**
+ * The columns worth showing for `engines`: memory and step only when some
+ * engine reports them, since a column of dashes tells a person nothing.
+ */
+export function engineColumns(engines: readonly IEngine[]): EngineColumn[] {
+  const reported = (key: 'memory_mb' | 'step'): boolean =>
+    engines.some(e => e[key] !== null && e[key] !== undefined);
+  return ENGINE_COLUMNS.filter(
+    c => (c !== 'memory' || reported('memory_mb')) && (c !== 'step' || reported('step'))
+  );
+}
+
+/**
+ * A scale or stop request the kernel has not answered yet. The kernel
+ * answers each one with a cluster event (the new state, or the old one with
+ * an error), and it may take a while: engines start slowly, and the request
+ * waits while a cell runs. Until then the panel says what it waits for.
+ */
+export class PendingRequest {
+  /**
+   * `before`: the cluster state shown when the request was sent; `target`:
+   * the engine count asked for (null for stop).
+   */
+  constructor(
+    readonly label: string,
+    private readonly _before: IClusterEvent | null,
+    readonly target: number | null = null
+  ) {}
+
+  /** Whether `cluster` (the model's current state) is the kernel's answer. */
+  answeredBy(cluster: IClusterEvent | null): boolean {
+    return cluster !== this._before;
+  }
+}
