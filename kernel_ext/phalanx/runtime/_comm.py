@@ -77,8 +77,10 @@ class CollectiveMismatch(CollectiveError):
 class Communicator(Protocol):
     """What sync strategies and the user-facing collectives need from a transport.
 
-    After any :class:`CollectiveError` the communicator is broken (ranks disagree on where they
-    are): every later call raises at once, and the owner builds a new one.
+    Every rank passes the same structure (count, dtypes, sizes) in the same order; an array may
+    appear twice but arrays must not partially overlap.  After any :class:`CollectiveError` the
+    communicator is broken (ranks disagree on where they are): every later call raises at once,
+    and the owner builds a new one.
     """
 
     rank: int
@@ -239,7 +241,8 @@ class ThreadCommunicator:
         odd = [r for r in range(self.world_size) if entry[r][0] != mine]
         if odd:
             detail = "; ".join(f"rank {r}: {entry[r][0]}" for r in odd)
-            self._fail(CollectiveMismatch(f"rank {self.rank} entered {mine} but {detail}", odd, what))
+            self._fail(CollectiveMismatch(f"rank {self.rank} entered {mine} but {detail}", odd,
+                                          what))
 
     def _fail(self, err: CollectiveError) -> None:
         self._broken = err

@@ -21,7 +21,7 @@ Example (under ``mpiexec -n 2``)::
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from mpi4py import MPI
@@ -66,8 +66,8 @@ class MpiCommunicator:
         packs = _pack(views)
         nbytes = sum(p.buf.nbytes for p in packs)
         what = describe("allreduce", nbytes, op)
-        self._run(what, [self._comm.Iallreduce(MPI.IN_PLACE, p.buf, op=_MPI_OPS[op])
-                         for p in packs])
+        self._run(what, lambda: [self._comm.Iallreduce(MPI.IN_PLACE, p.buf, op=_MPI_OPS[op])
+                                 for p in packs])
         for p in packs:
             if op == "mean":
                 np.true_divide(p.buf, self.world_size, out=p.buf)
@@ -88,7 +88,7 @@ class MpiCommunicator:
         packs = _pack([v.view(np.uint8) for v in views])
         nbytes = sum(p.buf.nbytes for p in packs)
         self._run(describe("broadcast", nbytes, f"src={src}"),
-                  [self._comm.Ibcast(p.buf, root=src) for p in packs])
+                  lambda: [self._comm.Ibcast(p.buf, root=src) for p in packs])
         if self.rank != src:
             for p in packs:
                 p.unpack()
@@ -99,7 +99,7 @@ class MpiCommunicator:
 
     def barrier(self) -> None:
         """Return once every rank has entered ``barrier``."""
-        self._run("barrier()", [self._comm.Ibarrier()])
+        self._run("barrier()", lambda: [self._comm.Ibarrier()])
 
     def abort(self, reason: str) -> None:
         """Make the wait in progress raise :class:`CollectiveAborted` (any thread may call)."""
@@ -109,22 +109,30 @@ class MpiCommunicator:
         """The MPI communicator belongs to the caller; only mark this object closed."""
         self._broken = self._broken or CollectiveAborted("communicator closed")
 
-    def _run(self, what: str, requests: list) -> None:
+    def _run(self, what: str, issue: Callable[[], list]) -> None:
+        """Issue the non-blocking requests and test them until done, aborted or past the
+        deadline (then they stay in flight: the communicator is broken)."""
         if self._broken is not None:
             raise type(self._broken)(f"communicator unusable after: {self._broken}",
                                      self._broken.ranks, self._broken.op)
+        if self._abort_reason is not None:
+            self._broken = self._failure(what)
+            raise self._broken
         # MPICH progresses shared-memory collectives only while we test, so spin longer
         backoff = Backoff(time.monotonic() + self.timeout_s, spin_s=500e-6, yield_s=5e-3)
-        pending = requests
-        while pending:
-            pending = [r for r in pending if not r.Test()]
-            if not pending:
-                break
-            if self._abort_reason is not None or backoff.expired():
-                self._stuck = pending  # MPI may still write into their buffers: keep them alive
-                self._broken = self._failure(what)
-                raise self._broken
-            backoff.pause()
+        pending = issue()
+        try:
+            while pending:
+                pending = [r for r in pending if not r.Test()]
+                if pending and (self._abort_reason is not None or backoff.expired()):
+                    raise self._failure(what)
+                if pending:
+                    backoff.pause()
+        except BaseException as exc:  # ours, or Ctrl-C while testing
+            self._stuck = pending  # MPI may still write into their buffers: keep them alive
+            self._broken = exc if isinstance(exc, CollectiveError) else CollectiveAborted(
+                f"rank {self.rank} interrupted in {what}: {type(exc).__name__}", [self.rank], what)
+            raise
         self._done += 1
 
     def _failure(self, what: str) -> CollectiveError:
@@ -133,7 +141,8 @@ class MpiCommunicator:
             return CollectiveAborted(f"{what} #{number} aborted on rank {self.rank}: "
                                      f"{self._abort_reason}", [self.rank], what)
         return CollectiveTimeout(f"{what} #{number} timed out after {self.timeout_s:g} s on rank "
-                                 f"{self.rank}; MPI cannot tell which ranks did not arrive", [], what)
+                                 f"{self.rank}; MPI cannot tell which ranks did not arrive", [],
+                                 what)
 
 
 class _Packed:

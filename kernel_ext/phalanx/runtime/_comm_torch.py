@@ -34,7 +34,7 @@ import os
 import socket
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -88,12 +88,12 @@ class TorchCommunicator:
             comm.allreduce([loss_sum, count], op="sum")
         """
         tensors = _as_tensors(as_list(arrays))
-        check_op(op, [_np_kind(t) for t in tensors])
+        check_op(op, [_np_kind(t) for t in tensors] if op == "mean" else ())
         buckets = self._buckets(tensors)
         nbytes = sum(b.nbytes for b in buckets)
         what = describe("allreduce", nbytes, op)
-        self._run(what, [dist.all_reduce(b.buf, op=_REDUCE[op], group=self._group, async_op=True)
-                         for b in buckets] if self.world_size > 1 else [])
+        self._run(what, lambda: [dist.all_reduce(b.buf, op=_REDUCE[op], group=self._group,
+                                                 async_op=True) for b in buckets])
         for b in buckets:
             if op == "mean" and self.world_size > 1:
                 b.buf.div_(self.world_size)
@@ -111,8 +111,8 @@ class TorchCommunicator:
         nbytes = sum(b.nbytes for b in buckets)
         root = src if self._group is None else dist.get_global_rank(self._group, src)
         self._run(describe("broadcast", nbytes, f"src={src}"),
-                  [dist.broadcast(b.buf, root, group=self._group, async_op=True) for b in buckets]
-                  if self.world_size > 1 else [])
+                  lambda: [dist.broadcast(b.buf, root, group=self._group, async_op=True)
+                           for b in buckets])
         if self.rank != src:
             for b in buckets:
                 b.finish()
@@ -122,8 +122,7 @@ class TorchCommunicator:
     def barrier(self) -> None:
         """Return once every rank has entered ``barrier`` (an allreduce of one int)."""
         flag = torch.zeros(1, dtype=torch.int32, device=self._device(torch.device("cpu")))
-        self._run("barrier()", [dist.all_reduce(flag, group=self._group, async_op=True)]
-                  if self.world_size > 1 else [])
+        self._run("barrier()", lambda: [dist.all_reduce(flag, group=self._group, async_op=True)])
 
     def abort(self, reason: str) -> None:
         """Make the wait in progress raise :class:`CollectiveAborted` (any thread may call)."""
@@ -144,53 +143,73 @@ class TorchCommunicator:
         return device
 
     def _buckets(self, tensors: list[torch.Tensor]) -> list["_Bucket"]:
+        nccl = self.backend == "nccl"
+        if len(tensors) == 1 and not nccl:  # the common single-tensor call: no grouping
+            return [_Bucket(tensors, tensors[0].device)] if tensors[0].numel() else []
         groups: dict[tuple, list[torch.Tensor]] = {}
         for t in tensors:
             if t.numel():
-                groups.setdefault((self._device(t.device), t.dtype), []).append(t)
+                device = self._device(t.device) if nccl else t.device
+                groups.setdefault((device, t.dtype), []).append(t)
         return [_Bucket(ts, device) for (device, _), ts in groups.items()]
 
-    def _run(self, what: str, works: list) -> None:
+    def _run(self, what: str, issue: Callable[[], list]) -> None:
+        """Issue the async collectives and wait for them; any failure breaks this communicator
+        (an operation may still be in flight inside torch)."""
         if self._broken is not None:
             raise type(self._broken)(f"communicator unusable after: {self._broken}",
                                      self._broken.ranks, self._broken.op)
+        if self._abort_reason is not None:
+            self._broken = CollectiveAborted(f"rank {self.rank} aborted: {self._abort_reason}",
+                                             [self.rank], what)
+            raise self._broken
+        if self.world_size == 1:
+            return
         self._entered += 1
         try:
-            self._wait(works, what)
-        except CollectiveError as exc:
-            self._broken = exc
+            self._wait(issue(), what)
+        except BaseException as exc:
+            self._broken = exc if isinstance(exc, CollectiveError) else CollectiveAborted(
+                f"rank {self.rank} interrupted in {what}: {type(exc).__name__}", [self.rank], what)
             raise
         self._done += 1
 
     def _wait(self, works: list, what: str) -> None:
+        """Wait for every work handle, honouring abort and the deadline.
+
+        gloo: block on the work's own condition variable in ``_SLICE`` slices (spinning or
+        napping would take the CPU from gloo's threads on a small machine); others (nccl):
+        poll ``is_completed`` with a short backoff, then ``wait()`` to order the stream."""
         backoff = Backoff(time.monotonic() + self.timeout_s, spin_s=30e-6)
+        gloo = self.backend == "gloo"
         for w in works:
-            while not w.is_completed():
+            while True:
                 if self._abort_reason is not None:
-                    raise CollectiveAborted(f"{what} #{self._done + 1} aborted on rank {self.rank}: "
-                                            f"{self._abort_reason}", [self.rank], what)
+                    raise CollectiveAborted(f"{what} #{self._done + 1} aborted on rank "
+                                            f"{self.rank}: {self._abort_reason}", [self.rank], what)
                 if backoff.expired():
                     raise self._timeout_error(what)
-                if self.backend == "gloo" and time.perf_counter() > backoff.spin_until:
-                    # Sleep on gloo's condition variable in short slices: spinning or napping
-                    # here would take the CPU from gloo's own threads on a small machine.
-                    if self._wait_slice(w, what):
-                        break
-                else:
+                if self._wait_slice(w, what) if gloo else w.is_completed():
+                    break
+                if not gloo:
                     backoff.pause()
-            try:
-                w.wait()
-            except RuntimeError as exc:  # gloo: "Connection closed by peer", "Timed out", ...
-                raise self._transport_error(exc, what) from exc
+            if not gloo:
+                try:
+                    w.wait()
+                except RuntimeError as exc:
+                    raise self._transport_error(exc, what) from exc
 
     def _wait_slice(self, work: Any, what: str) -> bool:
         """Block up to ``_SLICE`` in gloo's own wait; whether the work completed."""
         try:
             work.wait(timeout=_SLICE)
         except RuntimeError as exc:  # our slice ran out ("Operation timed out!") or a real error
-            if work.is_completed():
-                raise self._transport_error(exc, what) from exc
-            return False
+            if not work.is_completed():
+                return False
+            try:  # it completed just after the slice ran out, or it failed: ask it which
+                work.wait()
+            except RuntimeError as failure:
+                raise self._transport_error(failure, what) from exc
         return True
 
     def _timeout_error(self, what: str) -> CollectiveError:
@@ -218,7 +237,7 @@ class _Bucket:
 
     def __init__(self, tensors: list[torch.Tensor], device: torch.device) -> None:
         first = tensors[0]
-        self.nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        self.nbytes = sum(t.nbytes for t in tensors)
         if len(tensors) == 1 and first.is_contiguous() and first.device == device:
             self.buf, self.outs = first, None
         else:  # coalesce: one collective instead of one per tensor
@@ -318,7 +337,8 @@ def _as_tensors(items: list) -> list[torch.Tensor]:
     out = []
     for x in items:
         if isinstance(x, torch.Tensor):
-            out.append(x.detach())
+            # detached, so that mean's division and the write-back bypass autograd
+            out.append(x.detach() if x.requires_grad else x)
         elif isinstance(x, np.ndarray):
             if not x.flags.writeable:
                 raise ValueError("collectives work in place: got a read-only numpy array")
@@ -328,7 +348,8 @@ def _as_tensors(items: list) -> list[torch.Tensor]:
                 raise TypeError(f"cannot share this numpy array with torch ({exc}); "
                                 "pass a C-contiguous copy") from exc
         else:
-            raise TypeError(f"collectives take torch tensors or numpy arrays, got {type(x).__name__}")
+            raise TypeError("collectives take torch tensors or numpy arrays, got "
+                            f"{type(x).__name__}")
     return out
 
 

@@ -23,8 +23,6 @@ OPS = ("sum", "mean", "max", "min")
 _UFUNCS = {"sum": np.add, "mean": np.add, "max": np.maximum, "min": np.minimum}
 
 
-
-
 def as_list(arrays: Any) -> list:
     """``arrays`` as a list: one tensor/array is wrapped, a list or tuple is copied."""
     if isinstance(arrays, (list, tuple)):
@@ -65,7 +63,8 @@ def host_views(arrays: list) -> tuple[list[np.ndarray], list[Callable[[], None]]
         elif _is_tensor(x):
             views.append(_tensor_view(x, writebacks))
         else:
-            raise TypeError(f"collectives take torch tensors or numpy arrays, got {type(x).__name__}")
+            raise TypeError("collectives take torch tensors or numpy arrays, got "
+                            f"{type(x).__name__}")
     return views, writebacks
 
 
@@ -76,10 +75,12 @@ def _is_tensor(x: Any) -> bool:
 
 
 def _tensor_view(t: Any, writebacks: list) -> np.ndarray:
-    t = t.detach()
-    if t.device.type == "cpu" and t.is_contiguous():
+    if t.requires_grad:  # .numpy() refuses those; writing through the view bypasses autograd
+        t = t.detach()
+    if t.is_cpu and t.is_contiguous():
         try:
-            return t.numpy().reshape(-1)
+            view = t.numpy()
+            return view if view.ndim == 1 else view.reshape(-1)
         except TypeError as exc:  # bfloat16 and friends have no numpy dtype
             raise TypeError(f"dtype {t.dtype} is not supported by this transport; "
                             "use TorchCommunicator or cast to float32") from exc
@@ -137,7 +138,7 @@ def _proc_stat(pid: int) -> tuple[str, int] | None:
 
 
 class Backoff:
-    """Spin, then yield, then sleep with doubling naps: cheap when the wait is short, idle when long.
+    """Spin, then yield, then nap longer and longer: cheap when a wait is short, idle when long.
 
     Two ranks on two cores must not starve each other, so spinning is capped at ``spin_s``.
 

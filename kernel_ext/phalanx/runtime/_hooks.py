@@ -93,12 +93,12 @@ class StepHooks:
 
     def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         strategy = self.run.strategies[id(optimizer)]
-        step = self.run.steps + 1 if id(optimizer) == self._primary else self.run.steps
-        strategy.after_step(_optimizer_params(optimizer), step)
+        # Strategies take the 0-based index of the step just taken (the same one before_step saw).
+        strategy.after_step(_optimizer_params(optimizer), self.run.steps)
         if id(optimizer) == self._primary:
-            self.run.steps = step
+            self.run.steps += 1
             if self.run.metrics is not None:
-                self.run.metrics.set_step(step)
+                self.run.metrics.set_step(self.run.steps)
 
 
 # --- scikit-learn incremental learners --------------------------------------------------------
@@ -125,8 +125,8 @@ def patch_partial_fit(estimator: Any, run: RunContext) -> Any:
             value = getattr(estimator, name, None)
             if value is not None and not value.flags.c_contiguous:
                 setattr(estimator, name, value.copy(order="C"))
+        strategy.after_step(_sklearn_params(estimator), run.steps)  # 0-based, like torch's
         run.steps += 1
-        strategy.after_step(_sklearn_params(estimator), run.steps)
         if run.metrics is not None:
             run.metrics.set_step(run.steps)
         return result

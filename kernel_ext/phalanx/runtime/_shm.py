@@ -20,11 +20,9 @@ Shared memory ordering: data is written before the counter is posted and read af
 x86-64 keeps stores (and loads) in order, which this relies on, so other architectures are
 refused (use ``TorchCommunicator`` there).
 
-Waiting spins briefly, then yields, then naps (two ranks on two cores must not starve each other),
-and every few milliseconds checks the abort flag, the peers' state (a peer that failed or aborted
-releases us), whether peer processes are alive (a dead one raises :class:`PeerDied` within tens
-of milliseconds) and the deadline (:class:`CollectiveTimeout` names the ranks missing and the last
-collective each completed).
+Waiting, the deadline, abort and liveness checks live in :mod:`._shm_wait`: a dead peer raises
+:class:`PeerDied` within tens of milliseconds, a missing one :class:`CollectiveTimeout` naming the
+ranks and the last collective each completed.
 
 Example (two processes on one host)::
 
@@ -37,32 +35,30 @@ from __future__ import annotations
 
 import platform
 import re
-import time
 from typing import Any, Callable
 
 import numpy as np
 
+from . import _shm_futex as futex
 from . import _shm_segment as seg_mod
-from ._comm import CollectiveAborted, CollectiveError, CollectiveMismatch, CollectiveTimeout, PeerDied
-from ._comm_util import (Backoff, allreduce_bytes, as_list, describe, host_views,
-                         process_alive)
-from ._shm_layout import ALIGN, Flat, Plan, explain, group_by_dtype, signature, split
-from ._shm_segment import Segment, segment_name
+from ._comm import CollectiveAborted, CollectiveError
+from ._comm_util import allreduce_bytes, as_list, describe, host_views
+from ._shm_layout import ALIGN, Flat, Plan, distinct, group_by_dtype, signature, split
+from ._shm_segment import Segment, attach_peers, cleanup_failed_rendezvous, segment_name
+from ._shm_wait import SyncPointsMixin
 
 __all__ = ["ShmCommunicator"]
 
 DEFAULT_SLOT_BYTES = 1 << 20
 DEFAULT_SMALL_BYTES = 1 << 20  # measured: one sync beats two up to the slot size
-_CHECK_EVERY_S = 0.005
-_LIVENESS_EVERY_S = 0.02
 
 
-class ShmCommunicator:
+class ShmCommunicator(SyncPointsMixin):
     """Collectives between the processes of one host through POSIX shared memory.
 
-    ``group_id`` names the group (letters, digits, ``._-``; fresh per group formation), ``peer_pids``
-    (optional) lets the rendezvous notice a peer that dies before creating its segment.
-    ``timeout_s`` bounds the rendezvous and every collective.
+    ``group_id`` names the group (letters, digits, ``._-``; fresh per group formation);
+    ``peer_pids`` (optional, every rank's pid) lets the rendezvous notice a peer that dies before
+    creating its segment; ``timeout_s`` bounds the rendezvous and every collective.
 
     Example::
 
@@ -72,7 +68,8 @@ class ShmCommunicator:
 
     def __init__(self, group_id: str, rank: int, world_size: int,
                  peer_pids: list[int] | None = None, timeout_s: float = 60.0, *,
-                 slot_bytes: int = DEFAULT_SLOT_BYTES, small_bytes: int = DEFAULT_SMALL_BYTES) -> None:
+                 slot_bytes: int = DEFAULT_SLOT_BYTES,
+                 small_bytes: int = DEFAULT_SMALL_BYTES) -> None:
         if not re.fullmatch(r"[A-Za-z0-9_.-]{1,80}", group_id):
             raise ValueError(f"group_id must be 1-80 of [A-Za-z0-9_.-], got {group_id!r}")
         if not 0 <= rank < world_size:
@@ -91,7 +88,12 @@ class ShmCommunicator:
         self._abort_reason: str | None = None
         self._broken: CollectiveError | None = None
         self._abandoned = 0  # the sync point we gave up waiting in
+        self._in_flight = self._close_requested = False
         self._segs: list[Segment] = []
+        self._peers: list[tuple[int, Segment]] = []
+        self._futex = futex.AVAILABLE  # sleep in the kernel on long waits (else nap)
+        # spin, then sched_yield, then sleep: tuned on 2 ranks on a busy 2-core machine
+        self._spin_s, self._yield_s = 50e-6, 2e-3
         self._typed: dict[tuple, np.ndarray] = {}
         self._plans: dict[tuple, Plan] = {}
         if world_size > 1:
@@ -151,17 +153,25 @@ class ShmCommunicator:
         self._abort_reason = reason
         segs = self._segs
         if segs and segs[self.rank].hdr[seg_mod.W_STATE] == seg_mod.STATE_OK:
-            segs[self.rank].set_reason(seg_mod.STATE_FAILED, f"rank {self.rank} aborted: {reason}",
-                                       self._seq + 1)
+            self._publish(seg_mod.STATE_FAILED, f"rank {self.rank} aborted: {reason}",
+                          self._seq + 1)
+            sleeping_on = segs[self.rank].hdr[seg_mod.W_SLEEP]
+            if sleeping_on and self._futex:  # cut our own sleep short
+                futex.wake(segs[sleeping_on - 1].seq_address)
 
     def close(self) -> None:
         """Tell peers we left (unless we already told them we failed), unlink and unmap;
-        idempotent."""
+        idempotent.  Called from another thread during a collective, it aborts that collective
+        and the unmapping happens when it has returned."""
+        if self._in_flight:
+            self._close_requested = True
+            self.abort("communicator closed")
+            return
+        if self._segs and self._segs[self.rank].hdr[seg_mod.W_STATE] == seg_mod.STATE_OK:
+            self._publish(seg_mod.STATE_CLOSED, f"rank {self.rank} closed")
         segs, self._segs = self._segs, []
         self._typed.clear()
         self._plans.clear()
-        if segs and segs[self.rank].hdr[seg_mod.W_STATE] == seg_mod.STATE_OK:
-            segs[self.rank].set_reason(seg_mod.STATE_CLOSED, f"rank {self.rank} closed")
         for seg in segs:
             if seg is segs[self.rank]:
                 seg.unlink()
@@ -193,16 +203,18 @@ class ShmCommunicator:
             per_rank[me][...] = v
         self._sync(plan.sig, plan.what)
         for v, per_rank in zip(views, slices):
-            # accumulate in rank order into the caller's array so every rank gets bit-identical
-            # sums; its own values come from the array while still intact (ranks 0 and 1)
-            ufunc(v if me == 0 else per_rank[0], v if me == 1 else per_rank[1], out=v)
+            # accumulate the slots in rank order, so every rank gets bit-identical results
+            # (and arrays passed twice are still summed right)
+            ufunc(per_rank[0], per_rank[1], out=v)
             for r in range(2, n):
                 ufunc(v, per_rank[r], out=v)
             if op == "mean":
                 np.true_divide(v, n, out=v)
 
     def _allreduce_large(self, views: list[np.ndarray], plan: Plan, op: str) -> None:
-        for group in group_by_dtype(views).values():
+        # chunks are copied in one at a time, so an array passed twice would be read after it
+        # was reduced: reduce each distinct array once (overlapping views are not supported)
+        for group in group_by_dtype(distinct(views)).values():
             if self.world_size == 2:
                 self._allreduce_pairwise(group, plan, op)
             else:
@@ -220,11 +232,14 @@ class ShmCommunicator:
         for a in range(0, flat.size, per_chunk):
             b = min(a + per_chunk, flat.size)
             parity = (self._seq + 1) & 1
-            flat.copy_to(a, b, self._slot(me, parity, dtype))
+            mine = self._slot(me, parity, dtype)
+            flat.copy_to(a, b, mine)
             self._sync(plan.sig, plan.what)
             theirs = self._slot(1 - me, parity, dtype)
             for v, pos in flat.spans(a, b):
-                ufunc(v, theirs[pos:pos + v.size], out=v)
+                # own values from the slot copy (cache-hot), not ``v``: correct even if the
+                # caller passed one array twice
+                ufunc(mine[pos:pos + v.size], theirs[pos:pos + v.size], out=v)
                 if op == "mean":
                     np.true_divide(v, 2, out=v)
 
@@ -268,83 +283,21 @@ class ShmCommunicator:
             if self.rank != src:
                 flat.copy_from(a, b, self._segs[src].slots[parity][:b - a])
 
-    # -- synchronisation --------------------------------------------------------------------------
-
-    def _sync(self, sig: int, what: str) -> None:
-        """Post the next sync point and wait until every peer posted it too."""
-        c = self._seq + 1
-        hdr = self._segs[self.rank].hdr
-        hdr[seg_mod.W_SIG + (c & 1)] = sig
-        hdr[seg_mod.W_SEQ] = c
-        self._seq = c
-        for r, peer in self._peers:
-            if peer.hdr[seg_mod.W_SEQ] < c:
-                self._wait(c, what)
-                break
-        for r, peer in self._peers:
-            # arrived, then gave up (timeout, abort, Ctrl-C) while we were late: the group is
-            # broken even though the data is here
-            if peer.hdr[seg_mod.W_STATE] == seg_mod.STATE_FAILED and peer.hdr[seg_mod.W_FAILED_AT] <= c:
-                raise CollectiveAborted(f"{what} #{self._done + 1} on rank {self.rank} released: "
-                                        f"rank {r} gave up ({peer.reason()})", [r], what)
-        odd = [r for r, peer in self._peers if peer.hdr[seg_mod.W_SIG + (c & 1)] != sig]
-        if odd:
-            theirs = "; ".join(f"rank {r}: {explain(self._segs[r].hdr[seg_mod.W_SIG + (c & 1)])}"
-                               for r in odd)
-            raise CollectiveMismatch(f"rank {self.rank} entered {what} ({explain(sig)}) but "
-                                     f"{theirs}", odd, what)
-
-    def _wait(self, c: int, what: str) -> None:
-        try:
-            self._poll(c, what)
-        except BaseException:
-            self._abandoned = c  # peers that arrive at ``c`` later must not complete it
-            raise
-
-    def _poll(self, c: int, what: str) -> None:
-        backoff = Backoff(time.monotonic() + self.timeout_s)
-        # the first checks wait a little: most waits end within microseconds and reading
-        # /proc costs tens of them
-        next_check = backoff.start + 1e-3
-        next_alive = backoff.start + _LIVENESS_EVERY_S
-        while True:
-            pending = [r for r, peer in self._peers if peer.hdr[seg_mod.W_SEQ] < c]
-            if not pending:
-                return
-            now = time.perf_counter()
-            if now >= next_check:
-                self._check(pending, what, backoff, check_alive=now >= next_alive)
-                next_check = now + _CHECK_EVERY_S
-                next_alive = next_alive if now < next_alive else now + _LIVENESS_EVERY_S
-            backoff.pause()
-
-    def _check(self, pending: list[int], what: str, backoff: Backoff, check_alive: bool) -> None:
-        number = self._done + 1
-        if self._abort_reason is not None:
-            raise CollectiveAborted(f"{what} #{number} aborted on rank {self.rank}: "
-                                    f"{self._abort_reason}", [self.rank], what)
-        for r in pending:
-            peer = self._segs[r]
-            if peer.hdr[seg_mod.W_STATE] != seg_mod.STATE_OK:
-                raise CollectiveAborted(f"{what} #{number} on rank {self.rank} released: rank {r} "
-                                        f"gave up ({peer.reason()})", [r], what)
-            if check_alive and not peer.alive():
-                raise PeerDied(f"rank {r} (pid {peer.pid}) died; rank {self.rank} was in {what} "
-                               f"#{number}", [r], what)
-        if backoff.expired():
-            late = ", ".join(f"rank {r} (pid {self._segs[r].pid}, last completed collective "
-                             f"#{self._segs[r].hdr[seg_mod.W_DONE]})" for r in pending)
-            raise CollectiveTimeout(f"{what} #{number} timed out after {self.timeout_s:g} s on rank "
-                                    f"{self.rank}; not arrived: {late}", pending, what)
-
     def _collective(self, what: str, body: Callable[..., object], *args: Any) -> None:
         """Run one collective; any failure (or Ctrl-C) breaks this communicator and is published
         in our header so that peers waiting on us are released instead of timing out."""
         if self._broken is not None:
             raise type(self._broken)(f"communicator unusable after: {self._broken}",
                                      self._broken.ranks, self._broken.op)
+        if self._abort_reason is not None:  # aborted between collectives
+            self._broken = CollectiveAborted(f"rank {self.rank} aborted: {self._abort_reason}",
+                                             [self.rank], what)
+            raise self._broken
+        self._in_flight = True
         try:
             body(*args)
+            self._done += 1
+            self._segs[self.rank].hdr[seg_mod.W_DONE] = self._done
         except BaseException as exc:
             err = exc if isinstance(exc, CollectiveError) else None
             self._broken = err or CollectiveAborted(f"rank {self.rank} interrupted in {what}: "
@@ -352,11 +305,14 @@ class ShmCommunicator:
             if self._segs:
                 # the sync point we abandoned: posted and waiting, or the next one
                 at = self._abandoned or self._seq + 1
-                why = f"rank {self.rank}: {exc}" if err else f"rank {self.rank} {type(exc).__name__}"
-                self._segs[self.rank].set_reason(seg_mod.STATE_FAILED, why, at)
+                why = f"rank {self.rank}: {exc}" if err else (
+                    f"rank {self.rank} {type(exc).__name__}")
+                self._publish(seg_mod.STATE_FAILED, why, at)
             raise
-        self._done += 1
-        self._segs[self.rank].hdr[seg_mod.W_DONE] = self._done
+        finally:
+            self._in_flight = False
+            if self._close_requested:
+                self.close()
 
     def _slot(self, rank: int, parity: int, dtype: np.dtype) -> np.ndarray:
         key = (rank, parity, dtype)
@@ -371,54 +327,18 @@ class ShmCommunicator:
         n = self.world_size
         segs: list[Segment | None] = [None] * n
         segs[self.rank] = Segment.create(segment_name(self.group_id, self.rank), self.slot_bytes, n)
-        deadline = time.monotonic() + self.timeout_s
         try:
-            self._attach_peers(segs, peer_pids, deadline)
+            attach_peers(segs, self.group_id, self.rank, peer_pids, self.timeout_s,
+                         lambda: self._abort_reason)
             self._segs = segs  # type: ignore[assignment]
             self._peers = [(r, s) for r, s in enumerate(segs) if r != self.rank]
             self._collective("rendezvous", self._sync, signature("rendezvous", n, self.slot_bytes),
                              "rendezvous")
         except BaseException:
-            self._cleanup_failed_rendezvous(segs, peer_pids)
+            cleanup_failed_rendezvous(segs, self.group_id, self.rank, peer_pids)
+            self._segs = []
+            self._typed.clear()
             raise
         segs[self.rank].unlink()  # every peer has mapped it: the name is no longer needed
         self._done = 0  # number user collectives from 1 in messages
         segs[self.rank].hdr[seg_mod.W_DONE] = 0
-
-    def _attach_peers(self, segs: list, peer_pids: list[int] | None, deadline: float) -> None:
-        while True:
-            for r, seg in enumerate(segs):
-                if seg is None:
-                    segs[r] = Segment.attach(segment_name(self.group_id, r))
-            missing = [r for r, s in enumerate(segs) if s is None]
-            if not missing:
-                break
-            for r in missing:
-                if peer_pids and not process_alive(peer_pids[r]):
-                    raise PeerDied(f"rank {r} (pid {peer_pids[r]}) died before the rendezvous of "
-                                   f"group {self.group_id}", [r], "rendezvous")
-            if time.monotonic() > deadline:
-                raise CollectiveTimeout(f"rendezvous of group {self.group_id} timed out after "
-                                        f"{self.timeout_s:g} s on rank {self.rank}; ranks {missing} "
-                                        "never created their segment", missing, "rendezvous")
-            if self._abort_reason is not None:
-                raise CollectiveAborted(f"rendezvous aborted: {self._abort_reason}", [self.rank])
-            time.sleep(0.002)
-        bad = [r for r, s in enumerate(segs) if s.slot_bytes != self.slot_bytes]
-        if bad:
-            raise CollectiveMismatch(f"ranks {bad} use another slot_bytes than rank {self.rank} "
-                                     f"({self.slot_bytes})", bad, "rendezvous")
-
-    def _cleanup_failed_rendezvous(self, segs: list, peer_pids: list[int] | None) -> None:
-        for r, seg in enumerate(segs):
-            if seg is not None:
-                if r == self.rank:
-                    seg.set_reason(seg_mod.STATE_FAILED, f"rank {r} left the rendezvous")
-                    seg.unlink()
-                elif not seg.alive():
-                    seg_mod.unlink_if_dead(seg.name)
-                seg.close()
-            elif peer_pids and not process_alive(peer_pids[r]):
-                seg_mod.unlink_if_dead(segment_name(self.group_id, r))
-        self._segs = []
-        self._typed.clear()

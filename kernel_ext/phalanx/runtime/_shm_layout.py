@@ -88,6 +88,18 @@ def group_by_dtype(views: list[np.ndarray]) -> dict[np.dtype, list[np.ndarray]]:
     return groups
 
 
+def distinct(views: list[np.ndarray]) -> list[np.ndarray]:
+    """``views`` without repeats of the same memory (same start and length)."""
+    seen: set[tuple[int, int]] = set()
+    out = []
+    for v in views:
+        key = (v.__array_interface__["data"][0], v.nbytes)
+        if key not in seen:
+            seen.add(key)
+            out.append(v)
+    return out
+
+
 def split(length: int, n: int, align: int) -> list[tuple[int, int]]:
     """``[0, length)`` in ``n`` aligned parts (the last ones may be short or empty)."""
     step = -(-length // n)
@@ -106,4 +118,5 @@ def signature(kind: str, detail: int, nbytes: int) -> int:
 
 def explain(sig: int) -> str:
     kinds = {v: k for k, v in _KIND.items()}
-    return f"{kinds.get(sig >> 60, '?')} of {sig & ((1 << 48) - 1)} B (detail {(sig >> 48) & 0xFFF})"
+    kind, detail, nbytes = kinds.get(sig >> 60, "?"), (sig >> 48) & 0xFFF, sig & ((1 << 48) - 1)
+    return f"{kind} of {nbytes} B (detail {detail})"

@@ -30,9 +30,12 @@ from __future__ import annotations
 
 import mmap
 import os
+import time
+from typing import Callable
 
 import numpy as np
 
+from ._comm import CollectiveAborted, CollectiveMismatch, CollectiveTimeout, PeerDied
 from ._comm_util import process_alive, process_start_time
 
 try:
@@ -50,6 +53,7 @@ REASON_AT, REASON_BYTES = 1024, 1024
 # header word indices; SEQ sits on its own cache line because peers poll it
 W_MAGIC, W_PID, W_START, W_SLOT, W_WORLD, W_DONE, W_STATE, W_FAILED_AT = 0, 1, 2, 3, 4, 5, 6, 7
 W_SEQ = 8
+W_SLEEP = 9  # 1 + the rank whose W_SEQ this rank sleeps on (futex), 0 when awake
 W_SIG = 16  # W_SIG + parity
 STATE_OK, STATE_CLOSED, STATE_FAILED = 0, 1, 2
 PREFIX = "phx_"
@@ -70,6 +74,8 @@ class Segment:
         self.hdr = memoryview(mm)[:HEADER_BYTES].cast("q")
         self.slots = [np.frombuffer(mm, np.uint8, slot_bytes, HEADER_BYTES + p * slot_bytes)
                       for p in (0, 1)]
+        # where W_SEQ lives in this process's mapping: the word peers sleep on
+        self.seq_address = self.slots[0].ctypes.data - HEADER_BYTES + W_SEQ * 8
         self.linked = False
 
     @classmethod
@@ -207,3 +213,50 @@ def cleanup_stale(shm_dir: str = "/dev/shm") -> list[str]:
     except OSError:
         return []
     return [e for e in entries if e.startswith(PREFIX) and unlink_if_dead("/" + e)]
+
+
+def attach_peers(segs: list, group_id: str, rank: int, peer_pids: list[int] | None,
+                 timeout_s: float, aborted: Callable[[], str | None]) -> None:
+    """Fill ``segs`` (``None`` where missing) with the peers' segments as they appear.
+
+    Raises :class:`PeerDied` for a listed peer pid that is gone, :class:`CollectiveTimeout`
+    naming the ranks whose segment never appeared, :class:`CollectiveAborted` on abort."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for r, seg in enumerate(segs):
+            if seg is None:
+                segs[r] = Segment.attach(segment_name(group_id, r))
+        missing = [r for r, s in enumerate(segs) if s is None]
+        if not missing:
+            break
+        for r in missing:
+            if peer_pids and not process_alive(peer_pids[r]):
+                raise PeerDied(f"rank {r} (pid {peer_pids[r]}) died before the rendezvous of "
+                               f"group {group_id}", [r], "rendezvous")
+        if time.monotonic() > deadline:
+            raise CollectiveTimeout(f"rendezvous of group {group_id} timed out after "
+                                    f"{timeout_s:g} s on rank {rank}; ranks {missing} never "
+                                    "created their segment",
+                                    missing, "rendezvous")
+        if aborted() is not None:
+            raise CollectiveAborted(f"rendezvous aborted: {aborted()}", [rank], "rendezvous")
+        time.sleep(0.002)
+    bad = [r for r, s in enumerate(segs) if s.slot_bytes != segs[rank].slot_bytes]
+    if bad:
+        raise CollectiveMismatch(f"ranks {bad} use another slot_bytes than rank {rank} "
+                                 f"({segs[rank].slot_bytes})", bad, "rendezvous")
+
+
+def cleanup_failed_rendezvous(segs: list, group_id: str, rank: int,
+                              peer_pids: list[int] | None) -> None:
+    """After a failed rendezvous: tell peers, unlink our name and those of dead peers, unmap."""
+    for r, seg in enumerate(segs):
+        if seg is not None:
+            if r == rank:
+                seg.set_reason(STATE_FAILED, f"rank {r} left the rendezvous")
+                seg.unlink()
+            elif not seg.alive():
+                unlink_if_dead(seg.name)
+            seg.close()
+        elif peer_pids and not process_alive(peer_pids[r]):
+            unlink_if_dead(segment_name(group_id, r))

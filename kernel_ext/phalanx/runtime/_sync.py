@@ -1,4 +1,4 @@
-"""Sync strategies: *when* and *how* data-parallel ranks agree (Platoon's split), over a Communicator.
+"""Sync strategies: *when* and *how* data-parallel ranks agree (Platoon's split).
 
 The runtime calls the hooks around the user's optimizer step::
 
@@ -10,12 +10,13 @@ The runtime calls the hooks around the user's optimizer step::
         strategy.after_step(params, step)   # parameter averaging / elastic updates
     strategy.finish(params)                 # ranks agree on the final model where one is implied
 
-``step`` is the 0-based index of the optimizer step; ``should_sync(step)`` is true every ``every``-th
-step (steps ``every-1``, ``2*every-1``, ...).  ``params`` is a list of torch parameters (their
-``.data`` and ``.grad`` are used) and/or numpy arrays such as scikit-learn's ``coef_`` and
-``intercept_``.  Items without gradients (numpy arrays, tensors that do not require grad) are
-synchronised by averaging their values where a strategy would average gradients.  The list must
-have the same structure on every rank and from call to call.
+``step`` is the 0-based index of the optimizer step, the same for both hooks of one step;
+``should_sync(step)`` is true every ``every``-th step (steps ``every-1``, ``2*every-1``, ...).
+``params`` is a list of torch parameters (their ``.data`` and ``.grad`` are used) and/or numpy
+arrays such as scikit-learn's ``coef_`` and ``intercept_``.  Items without gradients (numpy
+arrays, tensors that do not require grad) are synchronised by averaging their values where a
+strategy would average gradients.  The list must have the same structure on every rank and from
+call to call.
 
 Example::
 
@@ -44,7 +45,7 @@ import numpy as np
 from ._comm import Communicator
 
 __all__ = ["SyncStrategy", "AllreduceSync", "LocalSGD", "EASGD", "NoSync", "make_strategy",
-           "STRATEGIES"]
+           "STRATEGIES", "param_values", "param_grads"]
 
 
 class SyncStrategy:
@@ -56,7 +57,7 @@ class SyncStrategy:
             name = "every-other"
             def after_step(self, params, step):
                 if step % 2:
-                    self.comm.allreduce(_values(params), op="mean")
+                    self.comm.allreduce(param_values(params), op="mean")
     """
 
     name = "base"
@@ -76,7 +77,7 @@ class SyncStrategy:
 
     def start(self, params: Sequence[Any]) -> None:
         """Give every rank rank 0's parameters."""
-        self.comm.broadcast(_values(params), src=0)
+        self.comm.broadcast(param_values(params), src=0)
 
     def before_step(self, params: Sequence[Any], step: int) -> None:
         """Called after backward, before ``optimizer.step()``."""
@@ -101,7 +102,7 @@ class AllreduceSync(SyncStrategy):
     averages_gradients = True
 
     def before_step(self, params: Sequence[Any], step: int) -> None:
-        grads = _grads(params)
+        grads = param_grads(params)
         if grads:
             self.comm.allreduce(grads, op="mean")
 
@@ -122,7 +123,7 @@ class LocalSGD(SyncStrategy):
 
     def after_step(self, params: Sequence[Any], step: int) -> None:
         if self.should_sync(step):
-            self.comm.allreduce(_values(params), op="mean")
+            self.comm.allreduce(param_values(params), op="mean")
             self._dirty = False
         else:
             self._dirty = True
@@ -130,7 +131,7 @@ class LocalSGD(SyncStrategy):
     def finish(self, params: Sequence[Any]) -> None:
         """Average once more if local steps happened since the last average."""
         if self._dirty:
-            self.comm.allreduce(_values(params), op="mean")
+            self.comm.allreduce(param_values(params), op="mean")
             self._dirty = False
 
 
@@ -153,14 +154,14 @@ class EASGD(SyncStrategy):
 
     def start(self, params: Sequence[Any]) -> None:
         super().start(params)
-        values = _values(params)
+        values = param_values(params)
         self.centre = [_copy(v) for v in values]
         self._moves = [_copy(v) for v in values]
 
     def after_step(self, params: Sequence[Any], step: int) -> None:
         if not self.should_sync(step):
             return
-        values, centre, moves = _values(params), self._require_centre(), self._moves
+        values, centre, moves = param_values(params), self._require_centre(), self._moves
         for x, c, d in zip(values, centre, moves):
             _elastic_move(x, c, d, self.alpha)  # d = alpha * (x - c); x -= d
         self.comm.allreduce(moves, op="sum")
@@ -168,7 +169,7 @@ class EASGD(SyncStrategy):
             c += d
 
     def finish(self, params: Sequence[Any]) -> None:
-        for x, c in zip(_values(params), self._require_centre()):
+        for x, c in zip(param_values(params), self._require_centre()):
             x[...] = c
 
     def _require_centre(self) -> list[Any]:
@@ -222,7 +223,8 @@ def _resolve(spec: Any) -> Any:
     try:
         return getattr(module, attr)
     except AttributeError:
-        raise ValueError(f"sync strategy {spec!r}: module {module_name!r} has no {attr!r}") from None
+        raise ValueError(f"sync strategy {spec!r}: module {module_name!r} has no "
+                         f"{attr!r}") from None
 
 
 # -- parameter access: torch parameters and numpy arrays ------------------------------------------
@@ -233,14 +235,27 @@ def _is_tensor(x: Any) -> bool:
     return torch is not None and isinstance(x, torch.Tensor)
 
 
-def _values(params: Sequence[Any]) -> list[Any]:
-    """The arrays holding the parameter values (``.data`` of tensors, numpy arrays as they are)."""
+def param_values(params: Sequence[Any]) -> list[Any]:
+    """The arrays holding the parameter values (``.data`` of tensors, numpy arrays as they are),
+    ready to be reduced in place by a communicator; for user strategies.
+
+    Example::
+
+        >>> import numpy as np
+        >>> param_values([np.zeros(2)])[0].tolist()
+        [0.0, 0.0]
+    """
     return [p.detach() if _is_tensor(p) else p for p in params]
 
 
-def _grads(params: Sequence[Any]) -> list[Any]:
+def param_grads(params: Sequence[Any]) -> list[Any]:
     """Gradients of the tensors that require grad; a missing one becomes zeros so that every
-    rank contributes the same list (as DDP does for unused parameters)."""
+    rank contributes the same list (as DDP does for unused parameters).  Numpy arrays have none.
+
+    Example::
+
+        comm.allreduce(param_grads(model.parameters()), op="mean")
+    """
     torch = sys.modules.get("torch")
     out = []
     for p in params:

@@ -1,0 +1,459 @@
+"""Communicator interface: the in-process fake, shared helpers, and the real torch.distributed
+(gloo) and MPI (mpich via mpiexec) transports across 2 processes.
+
+This file doubles as the worker script for the multi-process tests:
+``python tests/test_comm.py torch <scenario> <rank> <store_file>`` or, under mpiexec,
+``python tests/test_comm.py mpi <scenario>``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from phalanx.runtime._comm import (Backoff, CollectiveAborted, CollectiveMismatch,
+                                   CollectiveTimeout, Communicator, check_op,
+                                   make_thread_communicators, process_alive, process_start_time)
+
+HERE = Path(__file__).resolve()
+KERNEL_EXT = HERE.parent.parent / "kernel_ext"
+VENV_BIN = Path(sys.executable).parent
+
+
+def run_threads(comms, fn, timeout=10.0):
+    """Run ``fn(comm)`` per thread rank; return results, with exceptions returned as values."""
+    out = [None] * len(comms)
+
+    def target(c):
+        try:
+            out[c.rank] = fn(c)
+        except BaseException as exc:  # noqa: BLE001 - the test inspects it
+            out[c.rank] = exc
+
+    threads = [threading.Thread(target=target, args=(c,), daemon=True) for c in comms]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    assert not any(t.is_alive() for t in threads), "a rank hung"
+    return out
+
+
+# -- in-process fake --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("op, expect, dtype", [
+    (op, expect, dtype) for op, expect in (("sum", 6.0), ("mean", 2.0), ("max", 3.0), ("min", 1.0))
+    for dtype in (np.float32, np.float64, np.int64) if (op, dtype) != ("mean", np.int64)])
+def test_thread_allreduce_ops_and_dtypes(op, expect, dtype):
+    comms = make_thread_communicators(3)
+
+    def body(c):
+        xs = [np.full(5, c.rank + 1, dtype), np.full((2, 3), c.rank + 1, dtype)]
+        c.allreduce(xs, op=op)
+        return xs
+
+    for xs in run_threads(comms, body):
+        assert all(x.dtype == dtype and (x == expect).all() for x in xs)
+
+
+def test_thread_allreduce_torch_numpy_mix_noncontiguous_and_single_array():
+    import torch
+    comms = make_thread_communicators(2)
+
+    def body(c):
+        t = torch.full((4, 4), float(c.rank + 1))
+        column = t[:, 1]  # non-contiguous view: must be written back into t
+        p = torch.nn.Parameter(torch.full((3,), float(c.rank + 1)))
+        a = np.full(2, c.rank + 1, np.int64)
+        c.allreduce([column, p, a], op="sum")
+        scalar = np.array(float(c.rank))
+        c.allreduce(scalar, op="max")
+        return t, p, a, scalar
+
+    for t, p, a, scalar in run_threads(comms, body):
+        assert (t[:, 1] == 3).all() and (t[:, 0] == t[0, 0]).all()
+        assert (p.detach() == 3).all() and (a == 3).all() and scalar == 1.0
+
+
+def test_thread_broadcast_barrier_and_bytes_sent():
+    comms = make_thread_communicators(3)
+
+    def body(c):
+        xs = [np.full(4, float(c.rank)), np.full(2, c.rank, np.int32)]
+        c.broadcast(xs, src=2)
+        c.barrier()
+        c.allreduce([np.ones(3)], op="sum")  # 24 bytes -> 24 * 2 * 2 / 3 = 32
+        return xs, c.bytes_sent
+
+    results = run_threads(comms, body)
+    for xs, _ in results:
+        assert (xs[0] == 2.0).all() and (xs[1] == 2).all()
+    assert [sent for _, sent in results] == [32, 32, 32 + 40]
+
+
+def test_thread_timeout_names_the_missing_rank_and_its_progress():
+    comms = make_thread_communicators(3, timeout_s=0.3)
+
+    def body(c):
+        c.barrier()
+        if c.rank == 2:
+            time.sleep(0.6)  # arrives after the others gave up
+        c.allreduce([np.ones(2)])
+
+    t0 = time.monotonic()
+    out = run_threads(comms, body)
+    assert time.monotonic() - t0 < 3
+    for r in (0, 1):
+        assert isinstance(out[r], CollectiveTimeout) and out[r].ranks == [2]
+        assert "not arrived: rank 2 (last completed #1)" in str(out[r])
+    assert isinstance(out[2], CollectiveAborted) and set(out[2].ranks) == {0, 1}
+
+
+def test_thread_abort_releases_this_rank_and_peers_promptly():
+    comms = make_thread_communicators(3, timeout_s=30)
+    stamps = {}
+
+    def body(c):
+        if c.rank == 2:
+            time.sleep(0.2)
+            c.abort("user pressed stop")
+            return None
+        try:
+            c.allreduce([np.ones(2)])
+        finally:
+            stamps[c.rank] = time.monotonic()
+
+    t0 = time.monotonic()
+    out = run_threads(comms, body)
+    for r in (0, 1):
+        assert isinstance(out[r], CollectiveAborted) and out[r].ranks == [2]
+        assert "user pressed stop" in str(out[r]) and stamps[r] - t0 < 1.0
+
+
+def test_thread_abort_from_another_thread_interrupts_own_wait():
+    c0, _ = make_thread_communicators(2, timeout_s=30)
+    threading.Timer(0.1, c0.abort, args=("stop",)).start()
+    t0 = time.monotonic()
+    with pytest.raises(CollectiveAborted, match="aborted on rank 0: stop"):
+        c0.allreduce([np.ones(1)])
+    assert time.monotonic() - t0 < 1.0
+    with pytest.raises(CollectiveAborted, match="unusable"):
+        c0.barrier()
+
+
+def test_thread_mismatched_collectives_are_reported():
+    comms = make_thread_communicators(2)
+    out = run_threads(comms, lambda c: c.allreduce([np.ones(3 + c.rank)]))
+    assert all(isinstance(e, CollectiveMismatch) for e in out)
+    assert "float64:4" in str(out[0])
+
+
+def test_bad_input_is_refused_before_communicating():
+    c = make_thread_communicators(1)[0]
+    with pytest.raises(ValueError, match="unknown reduction op 'avg'"):
+        c.allreduce([np.ones(1)], op="avg")
+    with pytest.raises(TypeError, match="op='mean' needs floating-point arrays, got int64"):
+        c.allreduce([np.ones(1, np.int64)], op="mean")
+    frozen = np.ones(2)
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        c.allreduce([frozen])
+    with pytest.raises(TypeError, match="got list"):
+        c.allreduce([[1.0, 2.0]])
+    assert check_op("max") is np.maximum
+    assert isinstance(c, Communicator)
+    with pytest.raises(ValueError, match="world size"):
+        make_thread_communicators(0)
+
+
+def test_process_alive_sees_zombies_and_reused_pids():
+    me = os.getpid()
+    assert process_alive(me) and process_alive(me, process_start_time(me))
+    assert not process_alive(me, process_start_time(me) + 1)  # same pid, other process
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 10
+    while process_alive(child.pid) and time.monotonic() < deadline:
+        time.sleep(0.01)  # exits and stays a zombie: we have not reaped it
+    assert not process_alive(child.pid)
+    child.wait()
+    assert not process_alive(child.pid)
+
+
+def test_backoff_expires():
+    b = Backoff(deadline=time.monotonic() + 0.05)
+    while not b.expired():
+        b.pause()
+    assert b.nap > 10e-6
+
+
+@pytest.mark.parametrize("module", ["_comm", "_comm_util", "_shm_layout", "_shm_segment",
+                                    "_shm_futex"])
+def test_docstring_examples_run(module):
+    import doctest
+    import importlib
+    result = doctest.testmod(importlib.import_module(f"phalanx.runtime.{module}"))
+    assert result.attempted and not result.failed
+
+
+def test_importing_comm_loads_neither_torch_nor_mpi():
+    code = ("import sys, phalanx.runtime._comm, phalanx.runtime._shm, phalanx.runtime._sync;"
+            "print(sorted(m for m in ('torch', 'mpi4py', 'IPython', 'ipywidgets')"
+            " if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": str(KERNEL_EXT)})
+    assert out.stdout.strip() == "[]", out.stderr
+
+
+# -- real transports: helpers -----------------------------------------------------------------
+
+
+def spawn(args, env=None):
+    return subprocess.Popen([sys.executable, str(HERE), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(KERNEL_EXT), **(env or {})})
+
+
+@pytest.fixture
+def procs():
+    started: list[subprocess.Popen] = []
+    yield started
+    for p in started:  # no orphans, whatever the test did
+        if p.poll() is None:
+            p.kill()
+        p.wait(timeout=10)
+
+
+def results(p, timeout=60):
+    out, err = p.communicate(timeout=timeout)
+    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert lines, f"rank printed nothing; rc={p.returncode}\n{err[-3000:]}"
+    return lines
+
+
+def torch_pair(procs, scenario, tmp_path):
+    store = tmp_path / "store"
+    for r in (0, 1):
+        procs.append(spawn(["torch", scenario, str(r), str(store)], {"GLOO_SOCKET_IFNAME": "lo"}))
+    return procs
+
+
+# -- torch.distributed (gloo) -----------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_torch_gloo_ops_dtypes_sizes_broadcast_barrier(procs, tmp_path):
+    for p in torch_pair(procs, "ops", tmp_path):
+        assert results(p)[-1] == {"ok": True}
+
+
+@pytest.mark.slow
+def test_torch_gloo_peer_killed_mid_collective_is_named(procs, tmp_path):
+    r0, r1 = torch_pair(procs, "kill", tmp_path)
+    assert results_line(r1) == {"looping": True}
+    killed_at = time.time()
+    r1.kill()
+    out = results(r0)[-1]
+    assert out["type"] == "PeerDied" and out["ranks"] == [1], out
+    assert f"pid {r1.pid}" in out["msg"]
+    assert out["t"] - killed_at < 5.0 + 3.0  # deadline 5 s; usually gloo fails at once
+
+
+@pytest.mark.slow
+def test_torch_gloo_abort_and_late_rank_timeout(procs, tmp_path):
+    r0, _ = torch_pair(procs, "stall", tmp_path)
+    aborted, timed_out = results(r0)
+    assert aborted["type"] == "CollectiveAborted" and aborted["after_abort_s"] < 0.5, aborted
+    assert timed_out["type"] == "CollectiveTimeout" and timed_out["ranks"] == [1], timed_out
+    assert "not arrived: rank 1" in timed_out["msg"] and timed_out["waited_s"] < 3.0
+
+
+def results_line(p, timeout=60):
+    """The first JSON line a rank prints (it keeps running)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = p.stdout.readline()
+        if line.startswith("{"):
+            return json.loads(line)
+        if not line and p.poll() is not None:
+            raise AssertionError(f"rank exited: {p.stderr.read()[-3000:]}")
+    raise AssertionError("no output in time")
+
+
+# -- MPI (mpich) ------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", ["ops", "stall"])
+def test_mpi_under_mpiexec(scenario):
+    mpiexec = VENV_BIN / "mpiexec"
+    if not mpiexec.exists():
+        pytest.skip("mpiexec not installed in the venv")
+    cmd = [str(mpiexec), "-n", "2", sys.executable, str(HERE), "mpi", scenario]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(KERNEL_EXT)},
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+    assert proc.returncode == 0, err[-3000:]
+    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    if scenario == "ops":
+        assert sorted(line["rank"] for line in lines if line.get("ok")) == [0, 1]
+    else:
+        by_kind = {line["type"]: line for line in lines}
+        assert by_kind["CollectiveAborted"]["after_abort_s"] < 0.5
+        timeout = by_kind["CollectiveTimeout"]
+        assert timeout["waited_s"] < 3.0 and "cannot tell which ranks" in timeout["msg"]
+
+
+# -- worker side ------------------------------------------------------------------------------
+
+
+def emit(**fields):
+    print(json.dumps(fields), flush=True)
+
+
+def error_fields(exc, **extra):
+    return dict(type=type(exc).__name__, msg=str(exc), ranks=getattr(exc, "ranks", None),
+                t=time.time(), **extra)
+
+
+def check_ops(comm, make):
+    """Every op on several dtypes and sizes, a coalesced mixed list, broadcast and barrier.
+    ``make(values)`` turns a numpy array into what the transport is tested with."""
+    r, n = comm.rank, comm.world_size
+    for size in (1, 1000, 300_001):
+        for dtype in (np.float32, np.float64, np.int64):
+            base = (np.arange(size) % 7).astype(dtype)
+            for op in ("sum", "mean", "max", "min"):
+                if op == "mean" and dtype == np.int64:
+                    continue
+                x = make(base + r)
+                comm.allreduce(x, op=op)
+                expect = {"sum": base * n + n * (n - 1) // 2, "mean": base + (n - 1) / 2,
+                          "max": base + n - 1, "min": base}[op].astype(dtype)
+                np.testing.assert_array_equal(np.asarray(x), expect, err_msg=f"{op} {dtype} {size}")
+    mixed = [make(np.full(7, r + 1.0, np.float32)), make(np.full((3, 5), r + 1, np.int64)),
+             np.full(4, r + 1.0), make(np.full((4, 4), r + 1.0))[:, 1]]
+    comm.allreduce(mixed, op="sum")
+    assert all((np.asarray(m) == n * (n + 1) / 2).all() for m in mixed)
+    data = [make(np.full(5, float(r))), np.full(3, r, np.int32)]
+    comm.broadcast(data, src=1)
+    assert (np.asarray(data[0]) == 1).all() and (data[1] == 1).all()
+    comm.barrier()
+    assert comm.bytes_sent > 0
+
+
+def torch_child(scenario, rank, store_path):
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    from phalanx.runtime._comm import TorchCommunicator
+    torch.set_num_threads(1)
+    store = dist.FileStore(store_path, 2)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=20))
+    def make():
+        return TorchCommunicator(timeout_s=5 if scenario == "kill" else 1.0, store=store,
+                                 heartbeat_s=0.5)
+    comm = make()
+    if scenario == "ops":
+        check_ops(comm, lambda a: torch.from_numpy(np.ascontiguousarray(a)).clone())
+        emit(ok=True)
+    elif scenario == "kill":
+        x = torch.ones(1 << 18)
+        comm.allreduce(x)
+        if rank == 1:
+            emit(looping=True)
+        try:
+            while True:
+                comm.allreduce(x, op="max")
+        except Exception as exc:  # noqa: BLE001 - reported to the test
+            emit(**error_fields(exc))
+    elif scenario == "stall":
+        torch_stall(comm, make, rank)
+    os._exit(0)  # gloo threads may still wait on a dead peer: do not let them hold the exit
+
+
+def torch_stall(comm, make, rank):
+    """Rank 0 is aborted while rank 1 is late, then times out on a fresh communicator."""
+    x = np.ones(4)
+    if rank == 1:
+        time.sleep(1.5)
+        comm.allreduce(x)  # completes rank 0's abandoned collective
+        comm.close()
+        comm = make()
+        time.sleep(3.0)
+        try:
+            comm.allreduce(x)
+        except Exception:  # noqa: BLE001 - rank 0 is gone by now
+            pass
+        return
+    for attempt, fresh in (("abort", False), ("timeout", True)):
+        if fresh:
+            comm.close()
+            comm = make()
+        stamp = {}
+        if attempt == "abort":
+            threading.Timer(0.2, lambda: (stamp.setdefault("t", time.monotonic()),
+                                          comm.abort("stop pressed"))).start()
+        t0 = time.monotonic()
+        try:
+            comm.allreduce(x)
+        except Exception as exc:  # noqa: BLE001 - reported to the test
+            now = time.monotonic()
+            emit(**error_fields(exc, waited_s=now - t0, after_abort_s=now - stamp.get("t", t0)))
+
+
+def mpi_child(scenario):
+    from mpi4py import MPI
+
+    from phalanx.runtime._comm import MpiCommunicator
+    comm = MpiCommunicator(MPI.COMM_WORLD, timeout_s=0.5)
+    if scenario == "ops":
+        check_ops(comm, lambda a: np.array(a, copy=True))
+        emit(ok=True, rank=comm.rank)
+        return
+    x = np.ones(4)
+    if comm.rank == 1:
+        for _ in range(2):
+            time.sleep(1.5)
+            comm.allreduce(x)  # matches rank 0's abandoned collective
+        return
+    for attempt in ("abort", "timeout"):
+        c = MpiCommunicator(MPI.COMM_WORLD, timeout_s=30 if attempt == "abort" else 0.5)
+        stamp = {}
+        if attempt == "abort":
+            threading.Timer(0.2, lambda: (stamp.setdefault("t", time.monotonic()),
+                                          c.abort("stop pressed"))).start()
+        t0 = time.monotonic()
+        try:
+            c.allreduce(x)
+        except Exception as exc:  # noqa: BLE001 - reported to the test
+            now = time.monotonic()
+            emit(**error_fields(exc, waited_s=now - t0, after_abort_s=now - stamp.get("t", t0)))
+        for request in c._stuck:
+            request.Wait()  # let MPI finish it once rank 1 arrives, so the job ends cleanly
+
+
+if __name__ == "__main__":
+    signal.alarm(120)  # a worker never outlives a broken test run
+    if sys.argv[1] == "torch":
+        torch_child(sys.argv[2], int(sys.argv[3]), sys.argv[4])
+    else:
+        mpi_child(sys.argv[2])
