@@ -60,7 +60,56 @@ def _generic(section: str) -> Callable[[dict], list[dict]]:
     return rows
 
 
-_SUMMARIZERS = {"latency": _latency, "throughput": _throughput, "cluster_start": _start}
+def _size(nbytes: int) -> str:
+    for unit, scale in (("MB", 1 << 20), ("KB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes // scale} {unit}"
+    return f"{nbytes} B"
+
+
+def _allreduce(d: dict) -> list[dict]:
+    rows = []
+    for size, r in sorted(d["ratios"].items(), key=lambda kv: int(kv[0])):
+        label = _size(int(size))
+        rows.append(_row("allreduce", f"{label}: latency vs gloo", r["shm_vs_gloo"], "<= 1x",
+                         r["ok_vs_gloo"]))
+        if "shm_vs_mpich" in r:
+            rows.append(_row("allreduce", f"{label}: latency vs MPICH", r["shm_vs_mpich"], "<= 2x",
+                             r["ok_vs_mpich"]))
+        if "busbw_vs_mpich" in r:
+            rows.append(_row("allreduce", f"{label}: bus bandwidth vs MPICH", r["busbw_vs_mpich"],
+                             ">= 1x", r["ok_busbw"]))
+    return rows
+
+
+def _network(d: dict) -> list[dict]:
+    r, targets = d["ratios"], d.get("targets", {})
+    rows = []
+    for key, label in (("leaf_refit_vs_leaf_own_fit", "refit after one leaf change vs that leaf's fit"),
+                       ("leaf_refit_vs_leaf_own_fit_cpu", "same, CPU time"),
+                       ("leaf_refit_vs_network_full_refit", "refit after one leaf change vs full refit"),
+                       ("leaf_refit_vs_sklearn_pipeline_refit", "refit after one leaf change vs scikit-learn refit"),
+                       ("cluster_vs_serial_two_branches", "two equal branches on 2 engines vs serial")):
+        if key in r:
+            target = targets.get(key)
+            rows.append(_row("network", label, r[key], f"<= {target}x" if target else "reported",
+                             r[key] <= target if target else None))
+    return rows
+
+
+def _metrics(d: dict) -> list[dict]:
+    t, lat = d["throughput"], d["latency_under_load"]
+    return [
+        _row("metrics", "training with live view vs --no-widget at >= 1,000 log()/s per rank",
+             t["ratio_of_medians"], ">= 0.99x", t["ratio_of_medians"] >= 0.99,
+             f"bound from kernel CPU use {t['ratio_bound_from_cpu']:.3f}; rows lost {t['rows_lost']}"),
+        _row("metrics", "engine log() to kernel history, p95 (ms)", lat["history_p95_ms"], "< 250 ms",
+             lat["history_p95_ms"] < 250, f"p50 {lat['history_p50_ms']:.0f} ms"),
+    ]
+
+
+_SUMMARIZERS = {"metrics": _metrics, "latency": _latency, "throughput": _throughput, "cluster_start": _start,
+                "allreduce": _allreduce, "network": _network}
 
 
 def summarize(sections: dict[str, dict]) -> list[dict]:

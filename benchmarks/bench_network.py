@@ -226,11 +226,14 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="write results here")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--no-cluster", action="store_true", help="skip the cluster benchmark")
+    parser.add_argument("--quick", action="store_true", help="smaller data (smoke run)")
     parser.add_argument("--samples", type=int, default=20000, help="rows for the leaf benchmark")
     parser.add_argument("--branch-samples", type=int, default=3000,
                         help="rows for the two-branch benchmark")
     args = parser.parse_args(argv)
     repeats = max(5, args.repeats)
+    if args.quick:
+        args.samples, args.branch_samples = args.samples // 4, args.branch_samples // 2
     load_before = os.getloadavg()   # this machine may be shared: say how busy it was
     results = bench_leaf_refit(repeats, args.samples)
     if not args.no_cluster:

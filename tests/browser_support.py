@@ -1,24 +1,29 @@
 """Real JupyterLab in Debian's headless Chromium, for the panel's browser tests.
 
-``lab_server`` starts ``jupyter lab`` on a free loopback port with a temporary root, token and
-settings (so no earlier workspace or news prompt leaks in) and kills its whole process tree,
-kernels included, at the end.  ``lab_page`` is a Playwright page in ``/usr/bin/chromium``; the
-tests skip, saying why, only when that browser is missing (``make chromium`` installs it).
+``lab_server`` starts one ``jupyter lab`` per test module on a free loopback port with a
+temporary root, token and settings (so no earlier workspace or news prompt leaks in); at the end
+it stops the server with its kernels and fails if any process it started (kernel, engine,
+controller) outlives it.  ``lab_page`` is a Playwright page in ``/usr/bin/chromium``; the tests
+skip, saying why, only when that browser is missing (``make chromium`` installs it).
 
 Example::
 
     from browser_support import lab_page, lab_server, open_notebook, open_panel  # noqa: F401
 
-    def test_panel(lab_server, lab_page, tmp_path):
-        write_notebook(lab_server.root / "a.ipynb", ["%load_ext phalanx"])
+    def test_panel(lab_server, lab_page):
+        write_notebook(lab_server.root / "a.ipynb", ["%load_ext phalanx", "print(1 + 1)"])
         open_notebook(lab_page, lab_server, "a.ipynb")
         open_panel(lab_page)
+        run_cell(lab_page, 0)
+        assert run_cell(lab_page, 1) == "2\n"
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -79,29 +84,42 @@ def _wait_until_up(url: str, token: str, process: subprocess.Popen, log: Path) -
     raise RuntimeError(f"jupyter lab did not answer within {START_TIMEOUT_S} s:\n{log.read_text()}")
 
 
-def _kill_tree(process: subprocess.Popen) -> None:
-    """Stop the server and every kernel it started; nothing may outlive the test session."""
+def _kill_tree(process: subprocess.Popen, grace_s: float = 20.0) -> list[str]:
+    """Stop the server; its kernels shut down, and their clusters with them.
+
+    Returns what was still running ``grace_s`` after the server exited (then killed), as
+    ``"pid cmdline"`` strings: engines or controllers that outlived their kernel are a bug.
+    """
     try:
         children = psutil.Process(process.pid).children(recursive=True)
     except psutil.NoSuchProcess:
         children = []
-    process.terminate()
+    process.terminate()  # jupyter server shuts its kernels down on the way out
     try:
-        process.wait(timeout=10)
+        process.wait(timeout=20)
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait(timeout=10)
-    for child in children:
+    _, alive = psutil.wait_procs(children, timeout=grace_s)
+    survivors = []
+    for child in alive:
         try:
+            if child.status() != psutil.STATUS_ZOMBIE:
+                survivors.append(f"{child.pid} {' '.join(child.cmdline())[:160]}")
             child.kill()
         except psutil.NoSuchProcess:
             pass
-    psutil.wait_procs(children, timeout=10)
+    psutil.wait_procs(alive, timeout=10)
+    return survivors
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def lab_server(tmp_path_factory) -> Iterator[LabServer]:
-    """``jupyter lab`` on 127.0.0.1 with a throwaway root, token, config and settings."""
+    """``jupyter lab`` on 127.0.0.1 with a throwaway root, token, config and settings.
+
+    One server per test module.  At the end it is stopped with its kernels, and the test fails
+    if any process it started (a kernel, an engine, a controller) is still running afterwards.
+    """
     base = tmp_path_factory.mktemp("lab")
     root, settings = base / "root", base / "settings"
     root.mkdir()
@@ -126,7 +144,8 @@ def lab_server(tmp_path_factory) -> Iterator[LabServer]:
         _wait_until_up(server.url, token, process, log)
         yield server
     finally:
-        _kill_tree(process)
+        survivors = _kill_tree(process)
+    assert not survivors, f"processes outlived the lab server (now killed): {survivors}"
 
 
 @pytest.fixture
@@ -169,19 +188,41 @@ def open_notebook(page, server: LabServer, name: str) -> None:
     wait_for_kernel_idle(page)
 
 
-def open_document(page, name: str) -> None:
-    """Open (or switch to) ``name`` in the running JupyterLab and wait for its kernel."""
-    execute_command(page, "docmanager:open", {"path": name})
-    _wait_current(page, name)
+def reload_lab(page) -> None:
+    """Reload the page as a person would (F5) and wait until JupyterLab restored its layout."""
+    page.reload()
+    page.wait_for_function("() => window.jupyterapp")
+    page.evaluate("() => window.jupyterapp.restored.then(() => true)")
     wait_for_kernel_idle(page)
 
 
+def open_document(page, name: str, settle_ms: int = 1000, timeout_s: float = 90) -> None:
+    """Open (or switch to) ``name`` in the running JupyterLab and wait for its kernel.
+
+    Shortly after a page load, a notebook restored with the page can take the focus back
+    (JupyterLab's focus tracker then makes it current again), so the switch is checked once
+    more after ``settle_ms`` and repeated if it did not stick.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        execute_command(page, "docmanager:open", {"path": name})
+        _wait_current(page, name)
+        wait_for_kernel_idle(page)
+        page.wait_for_timeout(settle_ms)
+        if page.evaluate(_IS_CURRENT, name):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{name} did not stay the current document")
+
+
+_IS_CURRENT = """name => {
+    const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+    return !!(w && w.context && w.context.path === name);
+}"""
+
+
 def _wait_current(page, name: str) -> None:
-    page.wait_for_function(
-        """name => {
-            const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
-            return w && w.context && w.context.path === name;
-        }""", arg=name)
+    page.wait_for_function(_IS_CURRENT, arg=name)
 
 
 def wait_for_kernel_idle(page, timeout_ms: int = 60_000) -> None:
@@ -214,6 +255,55 @@ def run_all_cells(page) -> None:
     wait_for_kernel_idle(page)
 
 
+def run_cell(page, index: int, timeout_ms: int = 180_000) -> str:
+    """Run cell ``index`` of the current notebook as a person would; return its text output.
+
+    Waits until the cell has a new execution count and the kernel is idle again.  A cell that
+    raised fails the test with the kernel's error, so a broken cell is not misread as a broken
+    panel.
+    """
+    before = page.evaluate(
+        "i => window.jupyterapp.shell.currentWidget.content.widgets[i].model.executionCount",
+        index)
+    page.evaluate(
+        """i => {
+            const nb = window.jupyterapp.shell.currentWidget;
+            nb.content.activeCellIndex = i;
+            window.jupyterapp.commands.execute('notebook:run-cell');
+        }""", index)
+    page.wait_for_function(
+        """([i, before]) => {
+            const nb = window.jupyterapp.shell.currentWidget;
+            const count = nb.content.widgets[i].model.executionCount;
+            const kernel = nb.sessionContext.session && nb.sessionContext.session.kernel;
+            return count !== null && count !== before && kernel && kernel.status === 'idle';
+        }""", arg=[index, before], timeout=timeout_ms)
+    outputs = page.evaluate(
+        "i => window.jupyterapp.shell.currentWidget.content.widgets[i].model.outputs.toJSON()",
+        index)
+    return _output_text(outputs)
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _output_text(outputs: list[dict]) -> str:
+    texts = []
+    for out in outputs:
+        if out.get("output_type") == "error":
+            trace = _ANSI.sub("", "\n".join(out.get("traceback") or []))
+            raise AssertionError(f"the cell raised {out.get('ename')}: {out.get('evalue')}\n{trace}")
+        if out.get("output_type") == "stream":
+            texts.append(_joined(out.get("text", "")))
+        elif "text/plain" in (out.get("data") or {}):
+            texts.append(_joined(out["data"]["text/plain"]))
+    return "".join(texts)
+
+
+def _joined(text: str | list[str]) -> str:
+    return "".join(text) if isinstance(text, list) else text
+
+
 def open_panel(page):
     """Show the phalanx side panel and return its locator."""
     execute_command(page, "phalanx:open-panel")
@@ -231,6 +321,31 @@ def widen_right_sidebar(page, pixels: int) -> None:
     page.mouse.down()
     page.mouse.move(x - pixels, y, steps=5)
     page.mouse.up()
+
+
+@contextlib.contextmanager
+def screenshot_on_failure(page, name: str) -> Iterator[None]:
+    """Save a screenshot as ``name`` when the block fails: what the page showed is the evidence."""
+    try:
+        yield
+    except BaseException:
+        try:
+            screenshot(page, name)
+        except Exception:  # the page may be gone; the original error matters more
+            pass
+        raise
+
+
+class StepClock:
+    """Prints how long each step of a long browser test took (shown when the test fails)."""
+
+    def __init__(self) -> None:
+        self._start = self._last = time.monotonic()
+
+    def __call__(self, step: str) -> None:
+        now = time.monotonic()
+        print(f"[{now - self._start:6.1f} s] +{now - self._last:5.1f} s  {step}")
+        self._last = now
 
 
 def screenshot(page, name: str) -> Path:

@@ -63,7 +63,7 @@ def cluster_session(shell):
     session.start_cluster(n=2, gpus="none", timeout=60)
     yield session
     pids = engine_pids(session)
-    session.cluster.stop()
+    session.stop_cluster()
     assert_all_gone(pids)
 
 
@@ -74,9 +74,9 @@ def two_engines(cluster_session):
     if not session.cluster.running:
         session.start_cluster(n=2, gpus="none")
     if any(s.state == "dead" for s in session.cluster.slots()):
-        session.cluster.restart()
+        session.restart()
     if session.cluster.size != 2:
-        session.cluster.scale(2)
+        session.scale(2)
     return session
 
 

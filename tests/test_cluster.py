@@ -118,7 +118,10 @@ def test_gpu_pinning_gives_each_engine_one_distinct_device():
         seen = session.cluster.view().apply_sync(lambda: __import__("os").environ["CUDA_VISIBLE_DEVICES"])
         assert sorted(seen) == ["0", "1"]
         assert [r["device"] for r in session.status().rows] == seen
-        assert session.cluster.client[:].apply_sync(lambda: "torch" in __import__("sys").modules) == [False, False]
+        # Engines import torch ahead of the first cell, but nothing initialises CUDA there.
+        cuda_started = session.cluster.client[:].apply_sync(
+            lambda: "torch" in __import__("sys").modules and __import__("torch").cuda.is_initialized())
+        assert cuda_started == [False, False]
     finally:
         session.close()
 

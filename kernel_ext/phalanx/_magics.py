@@ -16,6 +16,7 @@ from ._session import session_for_shell
 from .cluster import ClusterError, GpuSpecError
 from .fit import FitOptions, FitUsageError, ShippingError
 from .fit._errors import VersionSkewError
+from .widgets import RunDisplay
 
 CLUSTER_ACTIONS = ("start", "scale", "stop", "status", "restart")
 
@@ -96,6 +97,12 @@ class PhalanxMagics(Magics):
     @argument("--collective-timeout", type=float, default=60.0, help="deadline of one collective")
     @argument("--name", default=None, help="a name for the run")
     @argument("--no-widget", action="store_true", help="plain text progress instead of widgets")
+    @argument("--checkpoint-every", type=int, default=None,
+              help="K: commit model, optimizer, step and RNG states every K steps() iterations")
+    @argument("--checkpoint-dir", default=None, help="also write each rank's commits to DIR")
+    @argument("--resume", action="store_true", help="continue from the last commit")
+    @argument("--max-restarts", type=int, default=0,
+              help="R: restart a failing rank and resume, up to R times")
     @line_cell_magic
     def distributed_fit(self, line: str, cell: str | None = None) -> Any:
         """Run the cell's training loop on every engine, data-parallel."""
@@ -107,11 +114,19 @@ class PhalanxMagics(Magics):
                                     backend=args.backend, shard=args.shard, returns=args.returns,
                                     seed=args.seed, steps=args.steps, timeout=args.timeout,
                                     collective_timeout=args.collective_timeout, name=args.name,
-                                    widget=not args.no_widget)
-            record = self.session.distributed_fit(cell, opts, self.shell.user_ns)
+                                    widget=not args.no_widget,
+                                    checkpoint_every=args.checkpoint_every,
+                                    checkpoint_dir=args.checkpoint_dir, resume=args.resume,
+                                    max_restarts=args.max_restarts)
+            shown = RunDisplay(self.session, self.shell, widget=opts.widget)
+            try:
+                self.session.distributed_fit(cell, opts, self.shell.user_ns, on_start=shown.start)
+            finally:  # a failed or interrupted run keeps its summary too
+                summary = shown.finish()
+                if summary is not None:
+                    _display(summary, metadata=summary.metadata)  # {"phalanx": {"manifest": ...}}
         except _USER_ERRORS as exc:
             raise UsageError(str(exc)) from None
-        _display(record, metadata={"phalanx": {"manifest": record.manifest}})
         return None
 
     def _fit_network(self, args: Any) -> Any:
@@ -121,11 +136,10 @@ class PhalanxMagics(Magics):
         node = self.shell.user_ns.get(args.target)
         if node is None or not hasattr(node, "fit"):
             raise UsageError(f"{args.target!r} is not a learning-network node in the notebook")
-        session = self.session
-        cluster = session.cluster if session.cluster.running else None
-        if cluster is None:
-            raise UsageError("no cluster is running: start one with %cluster start -n 2")
-        return node.fit(cluster=cluster)
+        try:
+            return self.session.fit_network(node)
+        except _USER_ERRORS as exc:
+            raise UsageError(str(exc)) from None
 
 
 def _whole_number(value: str | None, usage: str, minimum: int = 1) -> int:

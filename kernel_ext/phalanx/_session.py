@@ -14,13 +14,14 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import html
 import logging
-from typing import Any
+from typing import Any, Iterator
 
 from . import events
 from ._bus import EventBus
-from .cluster import ClusterError, ClusterManager, visible_gpus
+from .cluster import ClusterError, ClusterManager, memory_mb, visible_gpus
 from .fit import FitOptions, FitRunner, FitUsageError, RunRecord
 
 log = logging.getLogger("phalanx")
@@ -79,55 +80,105 @@ class Session:
     def start_cluster(self, n: int | None = None, gpus: str = "auto", launcher: str = "local",
                       profile: str | None = None, timeout: float = 60.0) -> ClusterStatus:
         """Start a cluster (``%cluster start``) and return its status."""
-        self.cluster.start(n=n, gpus=gpus, launcher=launcher, profile=profile, timeout=timeout)
+        with self._changing():
+            self.cluster.start(n=n, gpus=gpus, launcher=launcher, profile=profile, timeout=timeout)
         return self.status()
 
     def scale(self, n: int) -> ClusterStatus:
-        """Grow or shrink to ``n`` engines (``%cluster scale N``)."""
-        self._refuse_during_run("scale the cluster")
-        self.cluster.scale(n)
+        """Grow or shrink to ``n`` engines (``%cluster scale N``).
+
+        While a run with ``--checkpoint-every`` goes, the run itself changes size at its next
+        commit (elastic scaling) and continues; other runs refuse.
+        """
+        if self.fits.active is not None:
+            try:
+                self.fits.request_resize(n)
+            except FitUsageError as exc:
+                raise ClusterError(f"cannot scale the cluster while run {self.fits.active_name!r} "
+                                   f"is going: {exc}") from None
+            return self.status()
+        self._stop_dask()
+        with self._changing():
+            self.cluster.scale(n)
         return self.status()
 
     def restart(self, rank: int | None = None) -> ClusterStatus:
         """Restart one rank or every engine (``%cluster restart [RANK]``)."""
         self._refuse_during_run("restart engines")
-        self.cluster.restart(rank)
+        self._stop_dask()
+        with self._changing():
+            self.cluster.restart(rank)
         return self.status()
 
     def stop_cluster(self) -> bool:
         """Stop the cluster; False when none was running."""
         self._refuse_during_run("stop the cluster")
-        return self.cluster.stop()
+        self._stop_dask()
+        if not self.cluster.running:
+            return False
+        with self._changing():
+            return self.cluster.stop()
 
     def status(self) -> ClusterStatus:
         steps = self.fits.active.steps if self.fits.active is not None else None
         rows = self.cluster.status(steps) if self.cluster.running else []
         return ClusterStatus(rows, self.cluster.launcher)
 
-    def cluster_view(self) -> Any:
-        """What ``%cluster`` with no arguments shows."""
-        return self.status()
+    def cluster_view(self, widget: bool | None = None) -> Any:
+        """What ``%cluster`` with no arguments shows: the cluster widget in Jupyter, else the table.
+
+        ``widget=None`` decides by the frontend (a terminal cannot draw widgets).
+
+        Example::
+
+            panel = session.cluster_view(widget=True)
+            panel.plus.click()          # scales through session.scale, like %cluster scale
+        """
+        from .widgets import ClusterWidget, widgets_available  # UI at the edge: loaded when asked
+
+        if widget is None:
+            widget = widgets_available(self.shell)
+        return ClusterWidget(self) if widget else self.status()
 
     def _refuse_during_run(self, what: str) -> None:
         if self.fits.active is not None:
             raise ClusterError(f"cannot {what} while run {self.fits.active_name!r} is going; "
                                "wait for it or interrupt it")
 
-    def _cluster_changed(self) -> None:
+    @contextlib.contextmanager
+    def _changing(self) -> Iterator[None]:
+        """Views show "changing" while engines start or stop, and the outcome after, even when
+        the change fails."""
+        self._cluster_changed(busy=True)
+        try:
+            yield
+        finally:
+            self._cluster_changed()
+
+    def _cluster_changed(self, busy: bool = False) -> None:
+        """Tell the views what the engines are now (``busy``: a change is under way)."""
         rows = []
         if self.cluster.running:
             for rank, slot in enumerate(self.cluster.slots()):
                 rows.append({"rank": rank, "engine_id": slot.engine_id if slot.engine_id is not None else -1,
                              "host": slot.host, "pid": slot.pid, "device": slot.device or "cpu",
-                             "state": slot.state, "memory_mb": None, "step": None})
-        self.events.emit(events.cluster_state(rows, self.max_engines, launcher=self.cluster.launcher))
+                             "state": slot.state, "memory_mb": memory_mb(slot.pid, slot.host),
+                             "step": None})
+        self.events.emit(events.cluster_state(rows, self.max_engines, busy=busy,
+                                              launcher=self.cluster.launcher))
 
     # --- runs ---------------------------------------------------------------------------------
 
     def distributed_fit(self, body: str, opts: FitOptions, user_ns: dict,
                         on_start: Any = None) -> RunRecord:
         """Run a training cell on every engine (``%%distributed_fit``)."""
-        return self.fits.run(body, opts, user_ns, on_start=on_start)
+        from .fit._reproduce import cell_hash, warn_if_world_differs
+
+        if self.cluster.running:
+            warn_if_world_differs(body, user_ns, opts.n or self.cluster.size)
+        record = self.fits.run(body, opts, user_ns, on_start=on_start)
+        record.manifest["cell"] = cell_hash(body)
+        return record
 
     def last_run(self) -> RunRecord:
         if self.fits.last is None:
@@ -145,12 +196,45 @@ class Session:
                  "metrics": {k: v for k, v in r.items() if k not in ("rank", "step", "t")}}
                 for r in history.rows()]
 
+    # --- learning networks ---------------------------------------------------------------------
+
+    def fit_network(self, node: Any, **kwargs: Any) -> Any:
+        """Fit a learning network on the cluster (``%distributed_fit NODE``); DAG states go to
+        the views as ``network`` events."""
+        if not self.cluster.running:
+            raise ClusterError("no cluster is running: start one with %cluster start -n 2")
+        return node.fit(cluster=self.cluster, on_event=self.events.emit, **kwargs)
+
+    def _stop_dask(self) -> None:
+        """Dask workers live inside the engines: stop them before the engines change or go."""
+        if self.cluster.running:
+            from .network import stop_dask
+
+            try:
+                stop_dask(self.cluster)
+            except Exception as exc:  # the engines are going anyway
+                log.warning("phalanx: stopping dask on the engines failed: %s", exc)
+
+    # --- views --------------------------------------------------------------------------------
+
+    def attach_lab(self) -> None:
+        """Let the JupyterLab panel connect (idempotent)."""
+        if getattr(self, "lab_comm", None) is None:
+            from ._labcomm import LabComm
+
+            self.lab_comm = LabComm(self)
+        self.lab_comm.register()
+
     def close(self) -> None:
         """Stop everything this session started."""
         try:
+            self._stop_dask()
             self.cluster.stop()
         finally:
             self.fits.close()
+            lab = getattr(self, "lab_comm", None)
+            if lab is not None:
+                lab.close()
 
 
 def session_for_shell(shell: Any = None) -> Session:
@@ -165,6 +249,8 @@ def session_for_shell(shell: Any = None) -> Session:
     if session is None:
         session = Session(shell)
         setattr(shell, _ATTRIBUTE, session)
+        if getattr(shell, "kernel", None) is not None:  # a Jupyter kernel: the panel may attach
+            session.attach_lab()
     return session
 
 

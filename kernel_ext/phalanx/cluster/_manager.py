@@ -20,20 +20,20 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import shutil
 import socket
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable
 
 from ._gpus import GpuSpec, assign_devices, default_engine_count, parse_gpu_spec, pinning_env, visible_gpus
 from ._loop import LoopThread
 from ._probe import identify_engine, pin_engine, warm_up
+from ._supervise import command as supervised, parent_env
 from ._ranks import RankTable
 from ._launchers import LAUNCHERS, ClusterError, resolve_launcher, log_tail
+from ._procs import (ADOPTED, check_count, find_mpiexec, kill_leftovers, local_pids,
+                     is_adopted, memory_mb, quiet_logger, shutdown_engines)
 
 log = logging.getLogger("phalanx")
 
@@ -41,6 +41,9 @@ log = logging.getLogger("phalanx")
 # minutes: the controller pings every second; an engine that misses 10 checks (~15 s) exits.
 _CONTROLLER_ARGS = ["--HeartMonitor.period=1000", "--HeartMonitor.max_heartmonitor_misses=5"]
 _ENGINE_ARGS = ["--IPEngine.max_heartbeat_misses=10"]
+# Controller and local engines run under phalanx's supervisor (cluster/_supervise.py): a private
+# umask (connection files are owner-only from the moment they exist) and a watchdog that stops
+# them when the kernel is gone.
 
 
 @dataclass
@@ -115,6 +118,27 @@ class ClusterManager:
         """(generation, engine ids in rank order): changes whenever a process group must re-form."""
         return (self.generation, tuple(self.engine_ids()))
 
+    def process_ids(self) -> dict[str, list[int]]:
+        """Local processes of the cluster: the controller's and the engines', with children
+        (the controller's schedulers, each engine's nanny).  For audits and leak checks."""
+        import psutil
+
+        roots: dict[str, list[int]] = {"controller": [],
+                                       "engines": [s.pid for s in self.slots() if s.pid]}
+        controller = getattr(self._cluster, "controller", None) if self._cluster else None
+        if controller is not None and getattr(controller, "pid", None):
+            roots["controller"] = [controller.pid]
+        found: dict[str, list[int]] = {}
+        for role, pids in roots.items():
+            found[role] = []
+            for pid in pids:
+                try:
+                    proc = psutil.Process(pid)
+                    found[role] += [pid] + [c.pid for c in proc.children(recursive=True)]
+                except psutil.NoSuchProcess:
+                    continue
+        return found
+
     def rank_of_engine(self, engine_id: int) -> int | None:
         for rank, slot in enumerate(self.slots()):
             if slot.engine_id == engine_id:
@@ -124,41 +148,49 @@ class ClusterManager:
     # --- start / stop ------------------------------------------------------------------------
 
     def start(self, n: int | None = None, gpus: str | None = "auto", launcher: str = "local",
-              profile: str | None = None, timeout: float = 60.0) -> list[EngineSlot]:
-        """Start a controller and ``n`` engines and wait until every engine answers."""
+              profile: str | None = None, timeout: float = 60.0,
+              controller_ip: str | None = None) -> list[EngineSlot]:
+        """Start a controller and ``n`` engines and wait until every engine answers.
+
+        A local cluster's controller listens on loopback; ``controller_ip`` puts it on another
+        address, for engines started elsewhere and then :meth:`adopt`-ed.
+        """
         if self.running:
             raise ClusterError(f"a cluster is already running with {self.size} engine(s); "
                                "use %cluster scale N to resize it or %cluster stop first")
         spec = parse_gpu_spec(gpus)
         launcher_class = resolve_launcher(launcher)
         local_gpus = self._device_lister() if spec.mode != "none" else []
-        count = default_engine_count(spec, local_gpus) if n is None else _check_count(n, "-n")
-        self._check_limit(count)
+        count = default_engine_count(spec, local_gpus) if n is None else check_count(n, "-n")
+        self.check_limit(count)
         if launcher in ("local", "mpi"):  # engines on this host: decide devices before starting
             assign_devices(spec, [socket.gethostname()] * count, {socket.gethostname(): local_gpus})
         self.gpu_spec, self._gpus, self.launcher, self.timeout = spec, local_gpus, launcher, timeout
         self._runner = LoopThread()
         try:
-            self._runner.run(self._start_controller(launcher_class, profile), timeout + 30)
+            self._runner.run(self._start_controller(launcher_class, profile, controller_ip),
+                             timeout + 30)
             self._add_engines(count)
         except BaseException:
             self._teardown()
             raise
         return self.slots()
 
-    async def _start_controller(self, launcher_class: str, profile: str | None) -> None:
+    async def _start_controller(self, launcher_class: str, profile: str | None,
+                                controller_ip: str | None) -> None:
         import ipyparallel as ipp
 
         kwargs: dict[str, Any] = dict(
             engines=launcher_class, delay=0, engine_timeout=int(self.timeout),
-            controller_args=list(_CONTROLLER_ARGS), shutdown_atexit=True, log=_quiet_logger(),
+            controller_args=list(_CONTROLLER_ARGS), shutdown_atexit=True, log=quiet_logger(),
             parent=None)
-        if self.launcher in ("local", "mpi"):
-            kwargs["controller_ip"] = "127.0.0.1"  # a local cluster listens on loopback only
+        if controller_ip or self.launcher in ("local", "mpi"):
+            kwargs["controller_ip"] = controller_ip or "127.0.0.1"  # local: loopback only
         if profile:
             kwargs["profile"] = profile
         self._cluster = ipp.Cluster(**kwargs)
-        await self._cluster.start_controller()
+        await self._cluster.start_controller(controller_cmd=supervised("ipyparallel.controller"),
+                                             environment=parent_env())
         self.client = await self._cluster.connect_client()
 
     def stop(self) -> bool:
@@ -170,20 +202,22 @@ class ClusterManager:
 
     def _teardown(self) -> None:
         with self._lock:
-            pids = [s.pid for s in self._slots.values() if s.pid]
+            pids = local_pids(self._slots.values())
+            adopted = [s.engine_id for s in self._slots.values() if is_adopted(s)]
             for slot in self._slots.values():
                 slot.state = "stopping"
         cluster, client, runner = self._cluster, self.client, self._runner
         self._cluster = self.client = self._runner = None
         try:
             if client is not None:
+                shutdown_engines(client, adopted)
                 client.close(linger=0)
             if cluster is not None and runner is not None:
                 runner.run(cluster.stop_cluster(), timeout=30)
         except Exception as exc:  # keep going: what matters is that no process survives
             log.warning("phalanx: stopping the cluster raised %s; killing leftovers", exc)
         finally:
-            _kill_leftovers(pids)
+            kill_leftovers(pids)
             if runner is not None:
                 runner.close()
             with self._lock:
@@ -197,8 +231,8 @@ class ClusterManager:
     def scale(self, n: int) -> list[EngineSlot]:
         """Grow or shrink to ``n`` engines; shrinking stops the highest ranks."""
         self._require_running()
-        n = _check_count(n, "scale")
-        self._check_limit(n)
+        n = check_count(n, "scale")
+        self.check_limit(n)
         current = self.size
         if n > current:
             if self.launcher in ("local", "mpi"):
@@ -220,6 +254,10 @@ class ClusterManager:
                 targets = [self._ranks.slot_at(rank)]
             except IndexError as exc:
                 raise ClusterError(str(exc)) from None
+        adopted = [self._ranks.rank_of(s) for s in targets if is_adopted(self._slots[s])]
+        if adopted:
+            raise ClusterError(f"rank(s) {', '.join(map(str, adopted))} run on engines started "
+                               "outside phalanx: restart them where they run and adopt them again")
         sets = {self._slots[s].engine_set_id for s in targets}
         if self.launcher != "local":
             whole = {s for s in self._slots if self._slots[s].engine_set_id in sets}
@@ -253,18 +291,59 @@ class ClusterManager:
 
     def _stop_sets(self, sets: set[str]) -> None:
         with self._lock:
-            pids = [s.pid for s in self._slots.values() if s.engine_set_id in sets and s.pid]
-            for slot in self._slots.values():
-                if slot.engine_set_id in sets:
-                    slot.state = "stopping"
+            doomed = [s for s in self._slots.values() if s.engine_set_id in sets]
+            pids = local_pids(doomed)
+            for slot in doomed:
+                slot.state = "stopping"
         self._on_change()
         assert self._runner is not None
-        for set_id in sets:
+        shutdown_engines(self.client, [s.engine_id for s in doomed if is_adopted(s)])
+        for set_id in sets - {s.engine_set_id for s in doomed if is_adopted(s)}:
             try:
                 self._runner.run(self._cluster.stop_engines(set_id), timeout=30)
             except KeyError:
                 pass  # the set already exited on its own
-        _kill_leftovers(pids)
+        kill_leftovers(pids)
+
+    # --- engines started elsewhere -------------------------------------------------------------
+
+    def engine_connection_file(self) -> str:
+        """What an engine started by hand needs (``ipengine --file=PATH``): the controller's
+        address and keys.  Owner-only; copy it only to hosts you trust."""
+        self._require_running()
+        cluster = self._cluster
+        return os.path.join(cluster.profile_dir, "security",
+                            f"ipcontroller-{cluster.cluster_id}-engine.json")
+
+    def adopt(self, slot_ids: list[str], timeout: float | None = None) -> list[EngineSlot]:
+        """Give the next ranks to engines phalanx did not start (in a container, a network
+        namespace, on a host no launcher reaches).  Each must run with ``PHALANX_SLOT=<id>``
+        (and, when the hostname does not tell it apart, ``PHALANX_HOST``/``PHALANX_ADDRESS``).
+
+        Example::
+
+            path = manager.engine_connection_file()
+            # there: PHALANX_SLOT=far-0 python -m ipyparallel.engine --file=PATH
+            manager.adopt(["far-0"])
+        """
+        self._require_running()
+        taken = [s for s in slot_ids if s in self._slots]
+        if taken or len(set(slot_ids)) != len(slot_ids):
+            raise ClusterError(f"slot ids must be new and distinct, got {slot_ids!r}")
+        self.check_limit(self.size + len(slot_ids))
+        new = [self._register_slot(EngineSlot(s, ADOPTED + s)) for s in slot_ids]
+        saved, self.timeout = self.timeout, timeout or self.timeout
+        try:
+            self._await_registration(new)
+        except BaseException:
+            with self._lock:
+                for slot in new:
+                    self._slots.pop(slot.slot_id, None)
+            raise
+        finally:
+            self.timeout = saved
+        self._rank_new(new)
+        return self.slots()
 
     # --- adding engines -----------------------------------------------------------------------
 
@@ -279,6 +358,9 @@ class ClusterManager:
                 for s in new_slots:
                     self._slots.pop(s.slot_id, None)
             raise
+        self._rank_new(new_slots, replacing)
+
+    def _rank_new(self, new_slots: list[EngineSlot], replacing: list[str] | None = None) -> None:
         with self._lock:
             for i, slot in enumerate(new_slots):
                 if replacing is not None:
@@ -317,8 +399,11 @@ class ClusterManager:
 
     def _start_set(self, set_id: str, count: int, env: dict[str, str]) -> None:
         kwargs: dict[str, Any] = {"environment": dict(env), "engine_args": list(_ENGINE_ARGS)}
+        if self.launcher in ("local", "mpi"):  # on this host: they can watch the kernel
+            kwargs["engine_cmd"] = supervised("ipyparallel.engine")
+            kwargs["environment"].update(parent_env())
         if self.launcher == "mpi":
-            kwargs["mpi_cmd"] = [_find_mpiexec()]
+            kwargs["mpi_cmd"] = [find_mpiexec()]
         self._runner.run(self._cluster.start_engines(count, engine_set_id=set_id, **kwargs),
                          timeout=self.timeout)
         self._cluster.engines[set_id].on_stop(lambda data, s=set_id: self._set_stopped(s, data))
@@ -405,7 +490,7 @@ class ClusterManager:
             rows.append({
                 "rank": rank, "engine_id": slot.engine_id if slot.engine_id is not None else -1,
                 "host": slot.host, "pid": slot.pid, "device": slot.device or "cpu",
-                "state": state, "memory_mb": _memory_mb(slot.pid, slot.host),
+                "state": state, "memory_mb": memory_mb(slot.pid, slot.host),
                 "step": (steps or {}).get(rank),
             })
         return rows
@@ -426,63 +511,8 @@ class ClusterManager:
         if not self.running:
             raise ClusterError("no cluster is running: start one with %cluster start -n 2")
 
-    def _check_limit(self, n: int) -> None:
+    def check_limit(self, n: int) -> None:
+        """Refuse ``n`` engines when it is above the configured maximum (PHALANX_MAX_ENGINES)."""
         if n > self.max_engines:
             raise ClusterError(f"{n} engines is above this cluster's limit of {self.max_engines} "
                                "(set PHALANX_MAX_ENGINES to raise it)")
-
-
-def _quiet_logger() -> logging.Logger:
-    """ipyparallel logs every engine exit with its whole output; phalanx reports what matters."""
-    quiet = logging.getLogger("phalanx.ipyparallel")
-    quiet.setLevel(logging.ERROR)
-    quiet.propagate = False
-    if not quiet.handlers:
-        quiet.addHandler(logging.NullHandler())
-    return quiet
-
-
-def _check_count(n: Any, what: str) -> int:
-    if isinstance(n, bool) or not isinstance(n, int):
-        raise ClusterError(f"{what} needs a whole number of engines, got {n!r}")
-    if n < 1:
-        raise ClusterError(f"{what} needs at least 1 engine, got {n}; use %cluster stop to stop all")
-    return n
-
-
-def _find_mpiexec() -> str:
-    found = shutil.which("mpiexec") or shutil.which("mpiexec", path=str(Path(sys.executable).parent))
-    if not found:
-        raise ClusterError("the mpi launcher needs mpiexec, which was not found: "
-                           "`pip install mpich mpi4py` provides one")
-    return found
-
-
-def _memory_mb(pid: int | None, host: str) -> float | None:
-    if not pid or host != socket.gethostname():
-        return None
-    try:
-        import psutil
-
-        return round(psutil.Process(pid).memory_info().rss / 2**20, 1)
-    except Exception:
-        return None
-
-
-def _kill_leftovers(pids: list[int], grace: float = 5.0) -> None:
-    """Make sure engine processes are gone: ipyparallel stops them; this catches stragglers."""
-    import psutil
-
-    procs = []
-    for pid in pids:
-        try:
-            procs.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            continue
-    _, alive = psutil.wait_procs(procs, timeout=grace)
-    for proc in alive:
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=grace)

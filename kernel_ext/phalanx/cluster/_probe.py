@@ -8,7 +8,11 @@ from __future__ import annotations
 
 
 def identify_engine() -> dict:
-    """Who am I: slot, host, address, pid, MPI rank and current device pinning."""
+    """Who am I: slot, host, address, pid, MPI rank and current device pinning.
+
+    ``PHALANX_HOST`` / ``PHALANX_ADDRESS`` in the engine's environment override the host name and
+    the address peers reach it at (for engines started by hand in a container or namespace).
+    """
     import os
     import socket
 
@@ -16,11 +20,15 @@ def identify_engine() -> dict:
     mpi_rank = env.get("PMI_RANK") or env.get("OMPI_COMM_WORLD_RANK") or env.get("PMIX_RANK")
     local_rank = (env.get("MPI_LOCALRANKID") or env.get("OMPI_COMM_WORLD_LOCAL_RANK")
                   or env.get("SLURM_LOCALID"))
-    host = socket.gethostname()
-    try:
-        address = socket.gethostbyname(host)
-    except OSError:
-        address = "127.0.0.1"
+    # Engines in containers or network namespaces share the machine's hostname but not its
+    # network: whoever starts them may say which host and address they really are.
+    host = env.get("PHALANX_HOST") or socket.gethostname()
+    address = env.get("PHALANX_ADDRESS")
+    if not address:
+        try:
+            address = socket.gethostbyname(socket.gethostname())
+        except OSError:
+            address = "127.0.0.1"
     return {
         "slot": env.get("PHALANX_SLOT", ""),
         "set": env.get("PHALANX_SET", ""),

@@ -1,5 +1,6 @@
 """Kernel side of ``%%distributed_fit``: options, shipping, dispatch, tracking, records."""
 
+from ._checkpoints import CheckpointWarning
 from ._errors import DistributedFitError, VersionSkewError
 from ._history import MetricHistory
 from ._options import FitOptions, FitUsageError
@@ -10,4 +11,4 @@ from ._tracker import MetricWarning
 
 __all__ = ["FitOptions", "FitRunner", "FitUsageError", "RunRecord", "MetricHistory",
            "DistributedFitError", "VersionSkewError", "ShippingError", "ShippingWarning",
-           "MetricWarning"]
+           "MetricWarning", "CheckpointWarning"]

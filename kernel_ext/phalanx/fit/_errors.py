@@ -2,18 +2,28 @@
 
 from __future__ import annotations
 
+import time
+from typing import Any, Mapping
+
+# Errors a rank raises because *another* rank failed (mirrors fit._waiter.SECONDARY).
+from ._waiter import SECONDARY
+
 
 class DistributedFitError(RuntimeError):
     """A run that did not complete; the message names the rank at fault and what happened.
 
     IPython shows only the message (``_render_traceback_``): the remote traceback is already in
-    it, and phalanx's own frames would only hide it.
+    it, and phalanx's own frames would only hide it.  ``results`` holds every rank's outcome
+    (error type, step, when it stopped) for programs that want more than the text.
     """
 
-    def __init__(self, message: str, status: str, rank: int | None = None) -> None:
+    def __init__(self, message: str, status: str, rank: int | None = None,
+                 results: Mapping[int, dict] | None = None) -> None:
         super().__init__(message)
+        self.detected_at = time.time()  # wall clock: when the kernel knew (before any display)
         self.status = status
         self.rank = rank
+        self.results = dict(results or {})
 
     def _render_traceback_(self) -> list[str]:
         return [f"\x1b[0;31m{type(self).__name__}\x1b[0m: {self.args[0]}"]
@@ -23,10 +33,12 @@ class VersionSkewError(RuntimeError):
     """Engines run other versions of key packages than the kernel."""
 
 
-def describe_failure(rank: int, result: dict, slot) -> str:
+def describe_failure(rank: int, result: dict, slot: Any) -> str:
     """One paragraph for one failed rank."""
     where = f"rank {rank} (engine {slot.engine_id} on host {slot.host}, pid {slot.pid})"
     steps = result.get("steps", 0)
+    if result.get("stalled"):
+        return _describe_stall(where, rank, result)
     if result.get("error") == "EngineDied":
         code = result.get("exit_code")
         return (f"{where} died during the run after step {steps}"
@@ -38,6 +50,61 @@ def describe_failure(rank: int, result: dict, slot) -> str:
                 f"its engine was restarted; its last reported step was {steps}.")
     if result.get("interrupted"):
         return f"{where} was stopped at step {steps}."
-    trace = result.get("traceback", "").rstrip()
-    return (f"{where} raised {result.get('error')} after {steps} step(s):\n"
-            + "\n".join("    " + line for line in trace.splitlines()))
+    return f"{where} raised {result.get('error')} after {steps} step(s):\n" + _indent(result)
+
+
+def _describe_stall(where: str, rank: int, result: dict) -> str:
+    text = (f"{where} stalled: the other ranks waited {result.get('waited_s', 0):g} s "
+            f"(--collective-timeout) for it in a collective; its last step was {result.get('steps', 0)}.")
+    if result.get("stopped"):
+        return (text + " Its process was stopped (SIGSTOP), which no interrupt reaches and the "
+                f"controller stops tracking, so phalanx ended it: %cluster restart {rank} brings "
+                "it back.")
+    if result.get("error") == "Unresponsive":
+        return text + " It did not answer an interrupt either, so its engine was restarted."
+    return text + " It was interrupted here:\n" + _indent(result)
+
+
+def _indent(result: dict) -> str:
+    trace = (result.get("traceback") or f"{result.get('error')}: {result.get('message', '')}").rstrip()
+    return "\n".join("    " + line for line in trace.splitlines())
+
+
+def root_cause(results: Mapping[int, dict]) -> int | None:
+    """The rank whose fault ended the run: a dead engine, a rank's own error, a stalled rank."""
+    failed = [r for r, res in sorted(results.items()) if not res.get("ok") and not res.get("resized")]
+    rules = (
+        lambda res: res.get("error") == "EngineDied" and not res.get("stalled"),
+        lambda res: res.get("error") not in SECONDARY and not res.get("interrupted")
+        and not res.get("stalled"),
+        lambda res: bool(res.get("stalled")),
+        lambda res: not res.get("interrupted"),
+    )
+    for rule in rules:
+        for rank in failed:
+            if rule(results[rank]):
+                return rank
+    return None
+
+
+def failure(status: str, results: Mapping[int, dict], slots: list, opts: Any, wall: float,
+            steps: Mapping[int, int]) -> DistributedFitError:
+    """The one error a failed, timed-out or interrupted attempt raises in the cell."""
+    listed = ", ".join(f"rank {r}: {steps.get(r, 0)}" for r in range(len(slots)))
+    if status == "timeout":
+        return DistributedFitError(f"the run passed --timeout {opts.timeout:g} s and was stopped "
+                                   f"after {wall:.1f} s; last steps: {listed}", status, None, results)
+    if status == "interrupted":
+        return DistributedFitError(f"interrupted after {wall:.1f} s; every rank stopped "
+                                   f"(last steps: {listed}); the engines are ready for the next run",
+                                   status, None, results)
+    rank = root_cause(results)
+    if rank is None:
+        return DistributedFitError(f"the run failed after {wall:.1f} s (steps: {listed})", status,
+                                   None, results)
+    others = [r for r in range(len(slots)) if r != rank]
+    text = describe_failure(rank, results[rank], slots[rank])
+    if others:
+        text += (f"\nThe other rank(s) {', '.join(map(str, others))} were released; the run "
+                 f"ended {wall:.1f} s after it started.")
+    return DistributedFitError(text, status, rank, results)

@@ -3,7 +3,7 @@
 Example::
 
     >>> h = MetricHistory()
-    >>> h.extend(0, [[1, 0.0, {"loss": 0.5}]])
+    >>> added = h.extend(0, [[1, 0.0, {"loss": 0.5}]])
     >>> h.rows()[0]["loss"]
     0.5
 """

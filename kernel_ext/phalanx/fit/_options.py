@@ -50,6 +50,10 @@ class FitOptions:
     collective_timeout: float = 60.0
     name: str | None = None
     widget: bool = True
+    checkpoint_every: int | None = None
+    checkpoint_dir: str | None = None
+    resume: bool = False
+    max_restarts: int = 0
     extra: dict = field(default_factory=dict)
 
     @classmethod
@@ -57,7 +61,8 @@ class FitOptions:
               backend: str = "auto", shard: str | None = None, returns: str | None = None,
               seed: Any = None, steps: Any = None, timeout: Any = None,
               collective_timeout: Any = 60.0, name: str | None = None,
-              widget: bool = True) -> "FitOptions":
+              widget: bool = True, checkpoint_every: Any = None, checkpoint_dir: str | None = None,
+              resume: bool = False, max_restarts: Any = 0) -> "FitOptions":
         """Check every flag and return the options, or raise :class:`FitUsageError`."""
         if sync not in STRATEGIES and not _DOTTED.match(sync or ""):
             raise FitUsageError(f"unknown --sync {sync!r}: use one of {', '.join(STRATEGIES)} "
@@ -73,13 +78,32 @@ class FitOptions:
         for value, flag in ((timeout, "--timeout"), (collective_timeout, "--collective-timeout")):
             if value is not None and float(value) <= 0:
                 raise FitUsageError(f"{flag} must be a positive number of seconds, got {value}")
+        _check_recovery(checkpoint_every, checkpoint_dir, resume, max_restarts)
         shard_names, return_names = _names(shard, "--shard"), _names(returns, "--return")
         return cls(n=None if n is None else int(n), sync=sync, every=int(every), alpha=float(alpha),
                    backend=backend, shard=shard_names, returns=return_names,
                    seed=None if seed is None else int(seed),
                    steps=None if steps is None else int(steps),
                    timeout=None if timeout is None else float(timeout),
-                   collective_timeout=float(collective_timeout), name=name, widget=widget)
+                   collective_timeout=float(collective_timeout), name=name, widget=widget,
+                   checkpoint_every=None if checkpoint_every is None else int(checkpoint_every),
+                   checkpoint_dir=checkpoint_dir or None, resume=bool(resume),
+                   max_restarts=int(max_restarts))
+
+    @property
+    def checkpointed(self) -> bool:
+        """Whether the run commits its state (and so can resume and resize)."""
+        return bool(self.checkpoint_every or self.resume)
+
+
+def _check_recovery(every: Any, directory: str | None, resume: bool, max_restarts: Any) -> None:
+    if every is not None:
+        _positive_int(every, "--checkpoint-every")
+    if directory and every is None and not resume:
+        raise FitUsageError("--checkpoint-dir needs --checkpoint-every K (how often to commit) "
+                            "or --resume (to continue from the directory)")
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise FitUsageError(f"--max-restarts must be a whole number of at least 0, got {max_restarts!r}")
 
 
 def _positive_int(value: Any, flag: str) -> None:

@@ -22,6 +22,8 @@ class RunRecord:
     history: MetricHistory = field(default_factory=MetricHistory)
     manifest: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
+    # What happened to the run on the way: {"kind": "resume"|"restart"|"resize", "step", ...}
+    changes: list[dict] = field(default_factory=list)
 
     def final_metrics(self) -> dict[int, dict[str, float]]:
         """The last logged value of each metric, per rank."""

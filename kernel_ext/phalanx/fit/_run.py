@@ -1,10 +1,11 @@
 """Run a ``%%distributed_fit`` cell on the engines and bring the result back.
 
 One :class:`FitRunner` per session.  It keeps what makes re-running a cell cheap: the metric
-receiver, the rendezvous store, and which shipped objects each engine already holds.  Its wait
-loop is where faults become one clear error: the first rank that fails, dies or passes the
-timeout is reported by rank, host and step, and every other rank is interrupted at once (through
-ipyparallel's control channel, which a busy engine still answers) so none stays in a collective.
+receiver, the rendezvous store, and which shipped objects each engine already holds.  A run is
+one or more *attempts*: the first, then - with ``--max-restarts`` - one more after each failure
+(the failing rank's engine is restarted and the run resumes from its last commit), and with
+elastic scaling one more after each resize.  Each attempt's faults become one clear error (see
+:mod:`._waiter` and :mod:`._errors`).
 """
 
 from __future__ import annotations
@@ -12,29 +13,26 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
-import signal
 import tempfile
 import time
 import uuid
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 from .. import events
 from ..runtime._entry import run_cell, stash_objects
+from ._checkpoints import Lineage, choose_lineage, warn_if_unused
 from ._dispatch import Prepared, choose_backend, prepare, reachable_ip
-from ._errors import DistributedFitError, describe_failure
+from ._errors import DistributedFitError, failure
 from ._manifest import build_manifest, check_versions, engine_versions
 from ._options import FitOptions, FitUsageError
-from ._output import OutputStreamer
 from ._receiver import MetricsReceiver
+from ._recovery import Job, Recovery
 from ._record import RunRecord
 from ._tracker import RunTracker
-
-RELEASE_GRACE_S = 10.0   # after interrupting, how long ranks get to come back before we say so
-SECONDARY_GRACE_S = 3.0  # how long a rank's own error may take to arrive after a peer's abort
-POLL_S = 0.005
+from ._waiter import Waiter
 
 
-class FitRunner:
+class FitRunner(Recovery):
     """Runs cells on a :class:`~phalanx.cluster.ClusterManager`; emits events on ``emit``."""
 
     def __init__(self, cluster: Any, emit: Callable[[dict], None]) -> None:
@@ -43,13 +41,18 @@ class FitRunner:
         self._id = uuid.uuid4().hex[:8]
         self._counter = itertools.count(1)
         self._formations = itertools.count(1)
-        self._groups: dict[int, str] = {}             # engine id -> key of the group it holds
-        self._members: dict[str, tuple[int, ...]] = {}  # group key -> engine ids in rank order
-        self._sent: dict[int, dict[str, str]] = {}
+        # Keyed by slot id, not engine id: a new cluster numbers its engines from 0 again, and
+        # its engines hold neither the old group nor the old shipped objects.
+        self._groups: dict[str, str] = {}             # slot id -> key of the group it holds
+        self._members: dict[str, tuple] = {}          # group key -> (slot ids by rank, deadline)
+        self._sent: dict[str, dict[str, str]] = {}    # slot id -> {shipped name: content hash}
         self._versions: dict[tuple, list[dict]] = {}
         self._receiver: MetricsReceiver | None = None
         self._store_dir = tempfile.mkdtemp(prefix="phalanx-rdzv-")  # 0700: owner only
         self._tcp_store: Any = None
+        self._lineage: Lineage | None = None          # the last run's checkpoints (for --resume)
+        self._job: Job | None = None
+        self._resize_to: int | None = None
         self.active: RunTracker | None = None
         self.active_name: str | None = None
         self.last: RunRecord | None = None
@@ -66,23 +69,24 @@ class FitRunner:
         backend = choose_backend(opts, slots, self.cluster.launcher)
         versions = self._engine_versions(slots)
         run_id = f"{self._id}-{next(self._counter)}"
-        name = opts.name or f"run-{run_id.split('-')[1]}"
-        specs = self._specs(run_id, body, opts, slots, prepared, backend)
+        lineage = choose_lineage(opts, self._lineage, f"ckpt-{run_id}", len(slots))
         tracker = RunTracker(run_id, len(slots), opts.steps, self._emit)
+        job = Job(run_id, opts.name or f"run-{run_id.split('-')[1]}", body, opts, user_ns,
+                  backend, lineage, tracker)
         self._receiver_for(slots).register(run_id, tracker.on_batch)
-        self.active, self.active_name = tracker, name
+        self.active, self.active_name, self._job = tracker, job.name, job
         try:
-            self._emit(events.run_started(run_id, len(slots), opts.steps, opts.sync))
+            self._emit(events.run_started(run_id, len(slots), opts.steps, opts.sync, name=job.name))
             if on_start is not None:
-                on_start(tracker, name)
+                on_start(tracker, job.name)
             tracker.start()
-            self._stash(slots, prepared)
-            return self._execute(run_id, name, opts, slots, specs, prepared, tracker, user_ns,
-                                 backend, versions)
+            return self._attempts(job, slots, prepared, versions)
         finally:
             tracker.stop()
             self._receiver_for(slots).unregister(run_id)
-            self.active = self.active_name = None
+            self.active = self.active_name = self._job = None
+            self._lineage = job.lineage or self._lineage
+            self._apply_late_resize()
 
     def close(self) -> None:
         if self._receiver is not None:
@@ -90,6 +94,69 @@ class FitRunner:
             self._receiver = None
         self._tcp_store = None
         shutil.rmtree(self._store_dir, ignore_errors=True)
+
+    # --- attempts ---------------------------------------------------------------------------
+
+    def _attempts(self, job: Job, slots: list, prepared: Prepared, versions: list[dict]) -> RunRecord:
+        resume, restarts, first_error = job.opts.resume, 0, None
+        while True:
+            plan = self._plan(job, slots) if resume and job.lineage is not None else None
+            began = time.monotonic()
+            status, results = self._attempt(job, slots, prepared, plan)
+            if status == "resized":
+                slots, prepared, versions = self._resize(job, slots, results)
+                resume = True
+                continue
+            if status == "done":
+                warn_if_unused(job.lineage, results)
+                return self._record(job, slots, results, status, versions, prepared)
+            error = failure(status, results, slots, job.opts, time.monotonic() - began,
+                            _exact_steps(job.tracker, results))
+            first_error = first_error or error
+            if status != "failed" or error.rank is None or restarts >= job.opts.max_restarts:
+                self._record(job, slots, results, status, versions, prepared)
+                raise _final(first_error, error, restarts)
+            restarts += 1
+            slots = self._restart(job, slots, results, error, restarts)
+            versions = self._engine_versions(slots)
+            resume = True
+
+    def _attempt(self, job: Job, slots: list, prepared: Prepared, plan: dict | None) -> tuple[str, dict]:
+        specs = self._specs(job, slots, prepared, plan)
+        key = specs[0]["group"]["key"]
+        self._stash(slots, prepared)
+        client = self.cluster.client
+        results: dict[int, dict] = {}
+        try:
+            ars = [client[s.engine_id].apply_async(run_cell, spec, blob)
+                   for s, spec, blob in zip(slots, specs, prepared.shard_blobs)]
+            status = Waiter(self.cluster, slots, ars, job.tracker, job.opts).wait(results)
+        except BaseException:
+            self._group_settled(slots, key, ok=False)
+            raise
+        job.tracker.wait_final([r for r, res in results.items() if res.get("error") != "EngineDied"], 2.0)
+        # Failed ranks tore their group down, and a resize changes it: everyone re-forms next time.
+        self._group_settled(slots, key, ok=status == "done")
+        return status, results
+
+    def _record(self, job: Job, slots: list, results: dict, status: str, versions: list[dict],
+                prepared: Prepared) -> RunRecord:
+        wall = time.monotonic() - job.started
+        tracker = job.tracker
+        record = RunRecord(job.run_id, job.name, status, len(slots), wall,
+                           _exact_steps(tracker, results), tracker.history, changes=list(job.changes))
+        record.manifest = build_manifest(job.opts, slots, job.backend, prepared, versions, record)
+        record.manifest["checkpoint"] = _checkpoint_manifest(job.lineage, results)
+        record.manifest["changes"] = list(job.changes)
+        self.last = record
+        self._emit(events.run_ended(job.run_id, status, wall, None if status == "done" else status))
+        if status == "done":
+            blob = results[0].get("returns")
+            if blob is not None:
+                import cloudpickle
+
+                job.user_ns.update(cloudpickle.loads(blob))
+        return record
 
     # --- preparation ------------------------------------------------------------------------
 
@@ -112,34 +179,34 @@ class FitRunner:
         key = (self.cluster.topology(), len(slots))
         if key not in self._versions:
             view = self.cluster.client[[s.engine_id for s in slots]]
-            self._versions[key] = view.apply_sync(engine_versions)
-            check_versions(self._versions[key], slots)
+            versions = view.apply_sync(engine_versions)
+            check_versions(versions, slots)  # raises before anything is cached or run
+            self._versions[key] = versions
         return self._versions[key]
 
-    def _group_key(self, slots: list) -> str:
-        """The warm group's key when exactly these engines hold it, else a new one (re-form)."""
-        members = tuple(s.engine_id for s in slots)
-        held = {self._groups.get(eid) for eid in members}
+    def _group_key(self, slots: list, timeout_s: float) -> str:
+        """The warm group's key when exactly these engines hold it with this collective
+        deadline (torch builds the deadline into the group), else a new one (re-form)."""
+        members = tuple(s.slot_id for s in slots)
+        held = {self._groups.get(slot_id) for slot_id in members}
         if len(held) == 1 and None not in held:
             key = held.pop()
-            if self._members.get(key) == members:
+            if self._members.get(key) == (members, timeout_s):
                 return key
         key = f"phx-{self._id}-{next(self._formations)}-w{len(members)}"
-        self._members[key] = members
+        self._members[key] = (members, timeout_s)
         return key
 
     def _group_settled(self, slots: list, key: str, ok: bool) -> None:
         """Remember which engines hold a working group (failed ranks tear theirs down)."""
         for slot in slots:
             if ok:
-                self._groups[slot.engine_id] = key
+                self._groups[slot.slot_id] = key
             else:
-                self._groups.pop(slot.engine_id, None)
+                self._groups.pop(slot.slot_id, None)
 
     def _store_for(self, slots: list, key: str) -> tuple:
-        hosts = {s.host for s in slots}
-        if len(hosts) == 1 and all(s.address.startswith("127.") or s.host == os.uname().nodename
-                                   for s in slots):
+        if all(_local(s) for s in slots):
             return ("file", os.path.join(self._store_dir, key))
         import datetime
 
@@ -148,30 +215,35 @@ class FitRunner:
         if self._tcp_store is None:
             self._tcp_store = dist.TCPStore("0.0.0.0", 0, None, True, wait_for_workers=False,
                                             timeout=datetime.timedelta(seconds=300))
-        return ("tcp", reachable_ip(slots[0].address), self._tcp_store.port)
+        return ("tcp", reachable_ip(_remote_address(slots)), self._tcp_store.port)
 
     def _receiver_for(self, slots: list) -> MetricsReceiver:
-        local = all(s.address.startswith("127.") or s.host == os.uname().nodename for s in slots)
+        local = all(_local(s) for s in slots)
         if self._receiver is None or (not local and self._receiver.address.startswith("tcp://127.")):
             if self._receiver is not None:
                 self._receiver.close()
             self._receiver = (MetricsReceiver("127.0.0.1") if local else
-                              MetricsReceiver("0.0.0.0", reachable_ip(slots[0].address)))
+                              MetricsReceiver("0.0.0.0", reachable_ip(_remote_address(slots))))
         return self._receiver
 
-    def _specs(self, run_id: str, body: str, opts: FitOptions, slots: list, prepared: Prepared,
-               backend: str) -> list[dict]:
-        key = self._group_key(slots)
+    def _specs(self, job: Job, slots: list, prepared: Prepared, plan: dict | None) -> list[dict]:
+        key = self._group_key(slots, job.opts.collective_timeout)
         store = self._store_for(slots, key)
         receiver = self._receiver_for(slots)
-        group = {"key": key, "world_size": len(slots), "store": store, "backend": backend,
+        opts = job.opts
+        group = {"key": key, "world_size": len(slots), "store": store, "backend": job.backend,
                  "timeout_s": opts.collective_timeout, "hosts": tuple(s.host for s in slots),
                  "pids": tuple(s.pid for s in slots)}
-        return [{"run_id": run_id, "rank": r, "world_size": len(slots), "body": body,
+        checkpoint = None
+        if job.lineage is not None:
+            checkpoint = {"key": job.lineage.key, "every": job.lineage.every,
+                          "dir": job.lineage.directory, "resume": plan,
+                          "control": self._control_path(job)}
+        return [{"run_id": job.run_id, "rank": r, "world_size": len(slots), "body": job.body,
                  "names": sorted(prepared.blobs), "group": {**group, "rank": r},
                  "metrics_address": receiver.address, "sync": opts.sync, "every": opts.every,
                  "alpha": opts.alpha, "seed": opts.seed, "returns": list(opts.returns),
-                 "return_all": False}
+                 "return_all": False, "checkpoint": checkpoint}
                 for r in range(len(slots))]
 
     def _stash(self, slots: list, prepared: Prepared) -> None:
@@ -179,171 +251,48 @@ class FitRunner:
         need: dict[str, tuple[str, bytes]] = {}
         targets = []
         for slot in slots:
-            held = self._sent.get(slot.engine_id, {})
+            held = self._sent.get(slot.slot_id, {})
             missing = {n: (h, prepared.blobs[n]) for n, h in prepared.hashes.items() if held.get(n) != h}
             if missing or set(held) - set(prepared.hashes):
                 need.update(missing)
-                targets.append(slot.engine_id)
+                targets.append(slot)
         if targets:
-            self.cluster.client[targets].apply_async(stash_objects, need, sorted(prepared.hashes))
-            for eid in targets:
-                self._sent[eid] = dict(prepared.hashes)
-
-    # --- execution --------------------------------------------------------------------------
-
-    def _execute(self, run_id: str, name: str, opts: FitOptions, slots: list, specs: list[dict],
-                 prepared: Prepared, tracker: RunTracker, user_ns: dict, backend: str,
-                 versions: list[dict]) -> RunRecord:
-        started = time.monotonic()
-        client = self.cluster.client
-        results: dict[int, dict] = {}
-        try:
-            ars = [client[s.engine_id].apply_async(run_cell, spec, blob)
-                   for s, spec, blob in zip(slots, specs, prepared.shard_blobs)]
-            status = _Waiter(self, slots, ars, tracker, opts).wait(results)
-        except BaseException:
-            self._group_settled(slots, specs[0]["group"]["key"], ok=False)
-            raise
-        wall = time.monotonic() - started
-        tracker.wait_final([r for r, res in results.items() if res.get("error") != "EngineDied"], 2.0)
-        record = RunRecord(run_id, name, status, len(slots), wall, dict(tracker.steps),
-                           tracker.history)
-        for rank, res in results.items():  # the engines' own counts are exact
-            record.steps[rank] = max(record.steps.get(rank, 0), int(res.get("steps", 0)))
-        record.manifest = build_manifest(opts, slots, backend, prepared, versions, record)
-        self.last = record
-        # Failed ranks tore their group down: everyone re-forms next time.
-        self._group_settled(slots, specs[0]["group"]["key"], ok=status == "done")
-        self._emit(events.run_ended(run_id, status, wall, None if status == "done" else status))
-        if status == "done":
-            blob = results[0].get("returns")
-            if blob is not None:
-                import cloudpickle
-
-                user_ns.update(cloudpickle.loads(blob))
-            return record
-        raise _failure(status, results, slots, opts, wall, record)
+            self.cluster.client[[s.engine_id for s in targets]].apply_async(
+                stash_objects, need, sorted(prepared.hashes))
+            for slot in targets:
+                self._sent[slot.slot_id] = dict(prepared.hashes)
 
 
-class _Waiter:
-    """Poll the ranks' results; on the first fault interrupt everyone else."""
-
-    def __init__(self, runner: FitRunner, slots: list, ars: list, tracker: RunTracker,
-                 opts: FitOptions) -> None:
-        self.runner, self.slots, self.ars, self.tracker, self.opts = runner, slots, ars, tracker, opts
-        self.output = OutputStreamer(ars)
-        self.released_at: float | None = None
-
-    def wait(self, results: dict[int, dict]) -> str:
-        status = "done"
-        start = failed_at = time.monotonic()
-        pending = set(range(len(self.ars)))
-        interrupted = False
-        while pending:
-            try:
-                self._collect(pending, results)
-                failed = [r for r in results.values() if not r.get("ok")]
-                if status == "done" and failed:
-                    status, failed_at = "failed", time.monotonic()
-                # A rank released by a peer's failure reports a collective error; the peer that
-                # failed first is usually finishing on its own, so give it a moment to report
-                # its real error before interrupting it.
-                if status == "failed" and self.released_at is None and (
-                        any(r.get("error") not in _SECONDARY for r in failed)
-                        or time.monotonic() - failed_at > SECONDARY_GRACE_S):
-                    self._release(pending)
-                if self.opts.timeout and status == "done" and time.monotonic() - start > self.opts.timeout:
-                    status = "timeout"
-                    self._release(pending)
-                if self.released_at and time.monotonic() - self.released_at > RELEASE_GRACE_S:
-                    self._abandon(pending, results)
-                self.output.flush()
-                time.sleep(POLL_S)
-            except KeyboardInterrupt:
-                if interrupted:
-                    raise
-                interrupted, status = True, "interrupted"
-                self._release(pending)
-        self.output.flush()
-        return status
-
-    def _collect(self, pending: set[int], results: dict[int, dict]) -> None:
-        for rank in sorted(pending):
-            ar, slot = self.ars[rank], self.slots[rank]
-            if ar.ready():
-                pending.discard(rank)
-                try:
-                    results[rank] = ar.get()
-                except Exception as exc:
-                    results[rank] = self._lost(rank, slot, exc)
-            elif slot.state == "dead":
-                pending.discard(rank)
-                results[rank] = _died(slot, self.tracker, rank)
-
-    def _lost(self, rank: int, slot: Any, exc: Exception) -> dict:
-        """A task that ended without our result: its engine died, or ipyparallel failed it."""
-        engine_gone = slot.state == "dead" or slot.engine_id not in self.runner.cluster.client.ids
-        if engine_gone:
-            return _died(slot, self.tracker, rank, str(exc))
-        return {"ok": False, "error": type(exc).__name__, "message": str(exc),
-                "traceback": f"{type(exc).__name__}: {exc}", "steps": self.tracker.steps.get(rank, 0)}
-
-    def _release(self, pending: set[int]) -> None:
-        if self.released_at is not None or not pending:
-            self.released_at = self.released_at or time.monotonic()
-            return
-        self.released_at = time.monotonic()
-        targets = [self.slots[r].engine_id for r in pending if self.slots[r].state != "dead"]
-        if targets:
-            self.runner.cluster.client.send_signal(signal.SIGINT, targets=targets, block=False)
-
-    def _abandon(self, pending: set[int], results: dict[int, dict]) -> None:
-        for rank in list(pending):
-            slot = self.slots[rank]
-            results[rank] = {"ok": False, "error": "Unresponsive", "steps": self.tracker.steps.get(rank, 0),
-                             "message": f"did not stop within {RELEASE_GRACE_S:g} s of an interrupt"}
-            pending.discard(rank)
-            try:
-                self.runner.cluster.restart(rank)
-            except Exception:
-                pass
+def _exact_steps(tracker: RunTracker, results: dict) -> dict[int, int]:
+    steps = dict(tracker.steps)
+    for rank, res in results.items():  # the engines' own counts are exact
+        steps[rank] = max(steps.get(rank, 0), int(res.get("steps", 0)))
+    return steps
 
 
-def _died(slot: Any, tracker: RunTracker, rank: int, detail: str = "") -> dict:
-    return {"ok": False, "error": "EngineDied", "exit_code": slot.exit_code,
-            "steps": tracker.steps.get(rank, 0), "message": detail}
+def _local(slot: Any) -> bool:
+    return slot.address.startswith("127.") or slot.host == os.uname().nodename
 
 
-# Errors a rank raises because *another* rank failed: reported only when nothing else explains it.
-_SECONDARY = ("CollectiveAborted", "PeerDied", "CollectiveTimeout", "CollectiveError", "Unresponsive")
+def _remote_address(slots: list) -> str:
+    """An engine address off this host: the kernel advertises its address on the route there
+    (a local engine would give loopback, which the others cannot reach)."""
+    return next((s.address for s in slots if not _local(s)), slots[0].address)
 
 
-def _root_cause(results: Mapping[int, dict]) -> int | None:
-    """The rank whose fault ended the run: a dead engine, else a rank's own error."""
-    failed = [r for r, res in sorted(results.items()) if not res.get("ok") and not res.get("interrupted")]
-    for wanted in (lambda e: e == "EngineDied", lambda e: e not in _SECONDARY, lambda e: True):
-        for rank in failed:
-            if wanted(results[rank].get("error")):
-                return rank
-    return None
+def _checkpoint_manifest(lineage: Lineage | None, results: dict) -> dict | None:
+    if lineage is None:
+        return None
+    commits = [r.get("last_commit") for r in results.values() if r.get("last_commit") is not None]
+    return {"lineage": lineage.key, "every": lineage.every, "dir": lineage.directory,
+            "last_commit": min(commits) if commits else None}
 
 
-def _failure(status: str, results: Mapping[int, dict], slots: list, opts: FitOptions,
-             wall: float, record: RunRecord) -> DistributedFitError:
-    steps = ", ".join(f"rank {r}: {record.steps.get(r, 0)}" for r in range(len(slots)))
-    if status == "timeout":
-        return DistributedFitError(f"the run passed --timeout {opts.timeout:g} s and was stopped "
-                                   f"after {wall:.1f} s; last steps: {steps}", status)
-    if status == "interrupted":
-        return DistributedFitError(f"interrupted after {wall:.1f} s; every rank stopped "
-                                   f"(last steps: {steps}); the engines are ready for the next run",
-                                   status)
-    rank = _root_cause(results)
-    if rank is None:
-        return DistributedFitError(f"the run failed after {wall:.1f} s (steps: {steps})", status)
-    others = [r for r in range(len(slots)) if r != rank]
-    text = describe_failure(rank, results[rank], slots[rank])
-    if others:
-        text += (f"\nThe other rank(s) {', '.join(map(str, others))} were released; the run "
-                 f"ended {wall:.1f} s after it started.")
-    return DistributedFitError(text, status, rank)
+def _final(first: DistributedFitError, last: DistributedFitError, restarts: int) -> DistributedFitError:
+    """After restarts ran out: the first failure (its traceback), and what the last one was."""
+    if restarts == 0:
+        return last
+    text = (f"{first.args[0]}\nphalanx restarted the failing rank and resumed {restarts} time(s) "
+            f"(--max-restarts {restarts}); the last attempt failed too, on rank {last.rank} "
+            f"({last.results.get(last.rank, {}).get('error')}).")
+    return DistributedFitError(text, last.status, first.rank, last.results)

@@ -56,11 +56,27 @@ class RunTracker:
             if message.get("final"):
                 self.final.add(rank)
 
+    def rewind(self, step: int, world_size: int) -> None:
+        """A new attempt resumes at ``step`` (after a restart or a resize), maybe on another
+        number of ranks: progress restarts there; the history keeps every row that arrived."""
+        with self._lock:
+            self.world_size = world_size
+            self.steps = {r: step for r in range(world_size)}
+            self._meters = {r: RateMeter() for r in range(world_size)}
+            self.final.clear()
+
     def wait_final(self, ranks: list[int], timeout: float) -> bool:
-        """Wait until the final batch of each of ``ranks`` has arrived."""
-        deadline = time.monotonic() + timeout
+        """Wait until the final batch of each of ``ranks`` has arrived.
+
+        ``timeout`` counts from the last batch that arrived, not from the call: a kernel still
+        working through a backlog of rows (a loop logging tens of thousands of rows a second)
+        keeps waiting as long as rows keep coming, so none is dropped.
+        """
+        seen, quiet_since = len(self.history), time.monotonic()
         while not set(ranks) <= self.final:
-            if time.monotonic() > deadline:
+            if len(self.history) != seen:
+                seen, quiet_since = len(self.history), time.monotonic()
+            elif time.monotonic() - quiet_since > timeout:
                 return False
             time.sleep(0.005)
         return True

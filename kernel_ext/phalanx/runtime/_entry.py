@@ -17,6 +17,7 @@ import time
 import traceback
 from typing import Any
 
+from ._resume import StopForResize, make_checkpointer
 from ._state import RunContext, engine_state
 
 CELL_FILENAME = "<distributed_fit>"
@@ -50,6 +51,8 @@ def run_cell(spec: dict, shard_blob: bytes | None) -> dict:
         namespace = _namespace(spec, shard_blob)
         group = _ensure_group(state, spec)
         run = _new_run(spec, group)
+        run.namespace = namespace
+        run.checkpoints = make_checkpointer(spec.get("checkpoint"), spec["rank"], spec["world_size"])
         state.run = run
         _seed(spec.get("seed"), spec["rank"])
         namespace.update(rank=spec["rank"], world_size=spec["world_size"], device=run.device)
@@ -62,14 +65,22 @@ def run_cell(spec: dict, shard_blob: bytes | None) -> dict:
         hooks = None
         payload = _returns(spec, namespace)
         return {"ok": True, "steps": run.steps, "wall_s": time.time() - started,
-                "returns": cloudpickle.dumps(payload) if payload is not None else None}
+                "returns": cloudpickle.dumps(payload) if payload is not None else None,
+                **_progress(run)}
+    except StopForResize as stop:  # every rank stops at the same commit: nothing to release
+        return {"ok": False, "resized": True, "error": "StopForResize", "message": str(stop),
+                "steps": run.steps if run else 0, "wall_s": time.time() - started,
+                **_progress(run)}
     except BaseException as exc:  # KeyboardInterrupt too: the kernel asked us to stop
         # Describe the failure before cleaning up: an interrupt arriving during the cleanup must
         # not replace the error that caused it.
         failure = {"ok": False, "interrupted": isinstance(exc, KeyboardInterrupt),
                    "error": type(exc).__name__, "message": str(exc),
                    "traceback": _format_traceback(exc), "steps": run.steps if run else 0,
-                   "host": socket.gethostname(), "pid": os.getpid()}
+                   "host": socket.gethostname(), "pid": os.getpid(),
+                   # the ranks a collective error blames (missing, dead): names a stalled peer
+                   "ranks": [int(r) for r in getattr(exc, "ranks", None) or []],
+                   **_progress(run)}
         _shielded(_poison_group, state, exc)
         return {**failure, "wall_s": time.time() - started}
     finally:
@@ -78,6 +89,14 @@ def run_cell(spec: dict, shard_blob: bytes | None) -> dict:
         if run is not None and run.metrics is not None:
             _shielded(run.metrics.close)
         state.run = None
+
+
+def _progress(run: RunContext | None) -> dict:
+    """When this rank stopped (for release-time figures) and its last committed step."""
+    checkpoints = run.checkpoints if run is not None else None
+    return {"ended_at": time.time(),
+            "last_commit": checkpoints.last_commit if checkpoints is not None else None,
+            "steps_loop": checkpoints.used if checkpoints is not None else None}
 
 
 def _shielded(fn: Any, *args: Any) -> None:

@@ -91,11 +91,16 @@ def form_group(spec: GroupSpec) -> GroupHandle:
         _use_loopback_for_gloo()
     else:
         store = dist.TCPStore(spec.store[1], spec.store[2], None, False, timeout=timeout)
+        _use_interface_towards(spec.store[1])
     prefixed = dist.PrefixStore(spec.key, store)
     torch_backend = "nccl" if spec.backend == "nccl" else "gloo"
     dist.init_process_group(torch_backend, store=prefixed, rank=spec.rank,
                             world_size=spec.world_size, timeout=timeout)
-    handle = GroupHandle(spec, torch_comm=TorchCommunicator(timeout_s=spec.timeout_s))
+    # Across hosts torch is the CPU transport too: give it the store so its heartbeats can name
+    # a rank that stalls or dies (on one host shared memory does that, and a FileStore is an
+    # append-only file that heartbeats would grow forever).
+    beats = prefixed if spec.store[0] == "tcp" else None
+    handle = GroupHandle(spec, torch_comm=TorchCommunicator(timeout_s=spec.timeout_s, store=beats))
     handle.extra["store"] = store
     if spec.backend == "mpi":
         from mpi4py import MPI
@@ -117,6 +122,27 @@ def _use_loopback_for_gloo() -> None:
 
     for name, addresses in psutil.net_if_addrs().items():
         if any(getattr(a, "address", "").startswith("127.") for a in addresses):
+            os.environ["GLOO_SOCKET_IFNAME"] = name
+            return
+
+
+def _use_interface_towards(host: str) -> None:
+    """Let gloo listen on the interface that routes to ``host`` (the kernel's rendezvous),
+    not on whatever the machine's hostname resolves to (often loopback or another network)."""
+    import socket
+
+    import psutil
+
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect((host, 9))  # no packet is sent: this only asks the routing table
+        mine = probe.getsockname()[0]
+    except OSError:
+        return
+    finally:
+        probe.close()
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(getattr(a, "address", None) == mine for a in addresses):
             os.environ["GLOO_SOCKET_IFNAME"] = name
             return
 

@@ -38,6 +38,8 @@ class RunContext:
     extra_cleanup: list = field(default_factory=list)
     bytes_at_start: int = 0             # the communicators' counter when the run began
     abort: threading.Event = field(default_factory=threading.Event)
+    namespace: dict = field(default_factory=dict)    # the cell's globals (what commits save)
+    checkpoints: Any = None             # Checkpointer with --checkpoint-every / --resume
 
 
 class EngineState:
@@ -47,6 +49,9 @@ class EngineState:
         self.group: Any = None          # ProcessGroupHandle of the warm group
         self.cache: dict[str, tuple[str, Any]] = {}   # shipped name -> (content hash, object)
         self.run: RunContext | None = None
+        from ._checkpoint import CommitStore
+
+        self.commits = CommitStore()    # in-memory checkpoints (survive between cells)
 
 
 _STATE: EngineState | None = None

@@ -1,0 +1,105 @@
+"""Process-level helpers of the cluster manager: counting, finding, stopping processes.
+
+Kept apart from :mod:`._manager` (which decides *what* to start and stop) because they only
+touch processes and ipyparallel's client, never the manager's state.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+from ._launchers import ClusterError
+
+log = logging.getLogger("phalanx")
+
+
+def quiet_logger() -> logging.Logger:
+    """ipyparallel logs every engine exit with its whole output; phalanx reports what matters."""
+    quiet = logging.getLogger("phalanx.ipyparallel")
+    quiet.setLevel(logging.ERROR)
+    quiet.propagate = False
+    if not quiet.handlers:
+        quiet.addHandler(logging.NullHandler())
+    return quiet
+
+
+def check_count(n: Any, what: str) -> int:
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise ClusterError(f"{what} needs a whole number of engines, got {n!r}")
+    if n < 1:
+        raise ClusterError(f"{what} needs at least 1 engine, got {n}; use %cluster stop to stop all")
+    return n
+
+
+ADOPTED = "adopted:"  # engine set id of an engine phalanx did not start
+
+
+def is_adopted(slot: Any) -> bool:
+    return slot.engine_set_id.startswith(ADOPTED)
+
+
+def local_pids(slots: Any) -> list[int]:
+    """Pids phalanx may kill: only of engines on this host (a remote pid is someone else's)."""
+    here = socket.gethostname()
+    return [s.pid for s in slots if s.pid and s.host in ("", here)]
+
+
+def shutdown_engines(client: Any, engine_ids: list, wait_s: float = 5.0) -> None:
+    """Ask engines phalanx did not start to exit (it cannot signal them), and give them a
+    moment to unregister: an engine's nanny that finds the controller already gone hangs."""
+    import time
+
+    targets = [e for e in engine_ids if e is not None and e in client.ids]
+    if not targets:
+        return
+    try:
+        client.shutdown(targets=targets, block=False)
+    except Exception as exc:
+        log.warning("phalanx: asking adopted engines %s to exit failed: %s", targets, exc)
+        return
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and set(targets) & set(client.ids):
+        time.sleep(0.05)
+
+
+def find_mpiexec() -> str:
+    found = shutil.which("mpiexec") or shutil.which("mpiexec", path=str(Path(sys.executable).parent))
+    if not found:
+        raise ClusterError("the mpi launcher needs mpiexec, which was not found: "
+                           "`pip install mpich mpi4py` provides one")
+    return found
+
+
+def memory_mb(pid: int | None, host: str) -> float | None:
+    if not pid or host != socket.gethostname():
+        return None
+    try:
+        import psutil
+
+        return round(psutil.Process(pid).memory_info().rss / 2**20, 1)
+    except Exception:
+        return None
+
+
+def kill_leftovers(pids: list[int], grace: float = 5.0) -> None:
+    """Make sure engine processes are gone: ipyparallel stops them; this catches stragglers."""
+    import psutil
+
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            continue
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=grace)

@@ -1,0 +1,110 @@
+"""Run an ipyparallel controller or engine that cannot outlive its kernel.
+
+ipyparallel starts the controller and local engines in sessions of their own (so a notebook
+interrupt does not reach them), which also means nothing stops them when the kernel is SIGKILLed
+or crashes: engines would notice the lost controller after their heartbeats run out, but the
+controller itself would run forever.  phalanx therefore starts both through this file, run as
+a script (so that starting a controller never depends on importing phalanx itself)::
+
+    python .../phalanx/cluster/_supervise.py ipyparallel.controller --ip=127.0.0.1 ...
+
+It does two things before handing over to ipyparallel's own entry point:
+
+* ``umask 077``: ipyparallel writes its connection files (which hold the cluster's keys) and
+  *then* chmods them to 0600; with a private umask they are owner-only from the moment they exist;
+* a watchdog thread: when the process named by ``PHALANX_PARENT_PID`` (the kernel) is gone, it
+  stops this process's children (the controller's schedulers, an engine's nanny) and exits.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import threading
+import time
+
+PARENT_PID = "PHALANX_PARENT_PID"
+PARENT_START = "PHALANX_PARENT_START"   # the parent's start time: a reused pid is not our kernel
+POLL_S = 0.5
+ENTRY_POINTS = ("ipyparallel.controller", "ipyparallel.engine")
+
+
+def parent_env() -> dict[str, str]:
+    """What a supervised child needs to know about this (the kernel's) process."""
+    import psutil
+
+    me = psutil.Process()
+    return {PARENT_PID: str(me.pid), PARENT_START: repr(me.create_time())}
+
+
+def parent_alive(pid: int, started: float | None) -> bool:
+    """Whether ``pid`` still runs and is the process that started us (not a reused pid)."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        if started is not None and abs(proc.create_time() - started) > 1e-3:
+            return False
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _stop_children_and_exit() -> None:
+    import psutil
+
+    children = psutil.Process().children(recursive=True)
+    for child in children:
+        try:
+            child.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(children, timeout=2)
+    for child in alive:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+    os._exit(70)  # no cleanup: the kernel that would read our state is gone
+
+
+def _watch(pid: int, started: float | None) -> None:
+    while parent_alive(pid, started):
+        time.sleep(POLL_S)
+    sys.stderr.write(f"phalanx: the kernel (pid {pid}) is gone; stopping\n")
+    sys.stderr.flush()
+    _stop_children_and_exit()
+
+
+def start_watchdog(environ: dict | None = None) -> threading.Thread | None:
+    """Start the parent watchdog when the environment names a parent; returns the thread."""
+    env = os.environ if environ is None else environ
+    if not env.get(PARENT_PID):
+        return None
+    started = float(env[PARENT_START]) if env.get(PARENT_START) else None
+    thread = threading.Thread(target=_watch, args=(int(env[PARENT_PID]), started),
+                              name="phalanx-parent-watchdog", daemon=True)
+    thread.start()
+    return thread
+
+
+def command(entry_point: str) -> list[str]:
+    """The command line that runs ``entry_point`` supervised, with this interpreter."""
+    return [sys.executable, os.path.abspath(__file__), entry_point]
+
+
+def main(argv: list[str]) -> None:
+    if not argv or argv[0] not in ENTRY_POINTS:
+        raise SystemExit(f"usage: python _supervise.py {{{'|'.join(ENTRY_POINTS)}}} [ARGS...]")
+    if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+        del sys.path[0]  # run as a script: its folder must not shadow anything
+    os.umask(0o077)
+    start_watchdog()
+    module = argv[0]
+    sys.argv = [module] + argv[1:]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

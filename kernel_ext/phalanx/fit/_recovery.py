@@ -1,0 +1,165 @@
+"""How a run survives its faults and changes size: resume plans, restarts, elastic resizes.
+
+:class:`Recovery` is the part of :class:`~phalanx.fit._run.FitRunner` that runs *between*
+attempts of one run: it asks the engines which commits they hold and picks where to resume
+(:func:`~._checkpoints.plan_resume`), restarts a failing rank's engine (``--max-restarts``), and
+carries out a resize requested while a checkpointed run goes (``Session.scale`` during the run):
+every rank stops at the same commit, the cluster is scaled, the data re-sharded, and the run
+resumes from that commit on the new world size.  A resize request reaches the engines as a file
+they check at each commit (local engines only: it lives in the kernel's private rendezvous dir).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..runtime._checkpoint import held_commits
+from ._checkpoints import Lineage, plan_resume
+from ._dispatch import Prepared, prepare
+from ._errors import DistributedFitError
+from ._options import FitOptions, FitUsageError
+from ._tracker import RunTracker
+
+log = logging.getLogger("phalanx")
+
+
+@dataclass
+class Job:
+    """What stays the same across the attempts of one run."""
+
+    run_id: str
+    name: str
+    body: str
+    opts: FitOptions
+    user_ns: dict
+    backend: str
+    lineage: Lineage | None
+    tracker: RunTracker
+    started: float = field(default_factory=time.monotonic)
+    changes: list[dict] = field(default_factory=list)
+
+
+class Recovery:
+    """Mixed into FitRunner: uses its cluster, its slots/versions checks and its store dir."""
+
+    cluster: Any
+    _store_dir: str
+    _job: Job | None
+    _resize_to: int | None
+
+    def _slots_for(self, opts: FitOptions) -> list:  # FitRunner's
+        raise NotImplementedError
+
+    def _engine_versions(self, slots: list) -> list[dict]:  # FitRunner's
+        raise NotImplementedError
+
+    def request_resize(self, n: int) -> None:
+        """Change the running (checkpointed) run's world size to ``n`` at its next commit.
+
+        Example::
+
+            session.fits.request_resize(3)   # what Session.scale does while such a run goes
+        """
+        job = self._job
+        if job is None or job.lineage is None:
+            raise FitUsageError("only a run with --checkpoint-every K can change its size while "
+                                "it runs; wait for this one or interrupt it")
+        if job.opts.n is not None:
+            raise FitUsageError(f"run {job.name!r} was started with -n {job.opts.n}: it keeps that "
+                                "many ranks; wait for it or interrupt it")
+        control = self._control_path(job)
+        if control is None:
+            raise FitUsageError("elastic scaling needs every engine on this host (the resize "
+                                "signal is a file the engines watch)")
+        self.cluster.check_limit(n)
+        self._resize_to = n
+        open(control, "w").close()
+
+    # --- resume, restart, resize ------------------------------------------------------------
+
+    def _plan(self, job: Job, slots: list) -> dict | None:
+        """Where this attempt resumes: the newest commit every rank can load."""
+        lineage = job.lineage
+        assert lineage is not None
+        client = self.cluster.client
+        ars = [client[s.engine_id].apply_async(held_commits, lineage.key, lineage.directory, r)
+               for r, s in enumerate(slots)]
+        plan = plan_resume([ar.get(timeout=30) for ar in ars])
+        step = plan["step"] if plan else 0
+        job.tracker.rewind(step, len(slots))
+        job.changes.append({"kind": "resume", "step": step, "world_size": len(slots), "t": time.time(),
+                            "sources": plan["sources"] if plan else []})
+        print(f"phalanx: resuming {job.name} at step {step}" + (
+            f" ({_describe_sources(plan)})" if plan else ": no commit to resume from"))
+        return plan
+
+    def _restart(self, job: Job, slots: list, results: dict, error: DistributedFitError,
+                 attempt: int) -> list:
+        """Restart the failing rank's engine (and any dead one) before the next attempt."""
+        ranks = sorted({error.rank} | {r for r, res in results.items()
+                                       if res.get("error") == "EngineDied" or res.get("stopped")})
+        where = "resuming from the last commit" if job.lineage else "running again from step 0"
+        print(f"phalanx: rank(s) {', '.join(map(str, ranks))} failed "
+              f"({results[error.rank].get('error')}); restarting and {where} "
+              f"(restart {attempt} of {job.opts.max_restarts})")
+        for rank in ranks:
+            self.cluster.restart(rank)
+        job.changes.append({"kind": "restart", "attempt": attempt, "ranks": ranks, "t": time.time(),
+                            "error": results[error.rank].get("error"),
+                            "step": results[error.rank].get("steps", 0)})
+        slots = self._slots_for(job.opts)
+        if job.lineage is None:  # nothing to resume from: progress starts over
+            job.tracker.rewind(0, len(slots))
+        return slots
+
+    def _resize(self, job: Job, slots: list, results: dict) -> tuple[list, Prepared, list[dict]]:
+        """Every rank stopped at the same commit: scale the cluster and continue from there."""
+        n, self._resize_to = self._resize_to, None
+        self._clear_control(job)
+        step = max(int(r.get("last_commit") or 0) for r in results.values())
+        if n is not None and n != self.cluster.size:
+            self.cluster.scale(n)
+        slots = self._slots_for(job.opts)
+        prepared = prepare(job.body, job.opts, job.user_ns, len(slots))  # shards for the new size
+        versions = self._engine_versions(slots)
+        job.changes.append({"kind": "resize", "from": len(results), "to": len(slots), "step": step,
+                            "t": time.time()})
+        print(f"phalanx: {job.name} continues on {len(slots)} rank(s) from step {step}")
+        job.lineage = replace(job.lineage, world_size=len(slots)) if job.lineage else None
+        return slots, prepared, versions
+
+    def _apply_late_resize(self) -> None:
+        """A resize asked for after the last commit: apply it now that the run is over."""
+        n, self._resize_to = self._resize_to, None
+        if n is not None and self.cluster.running and n != self.cluster.size:
+            try:
+                self.cluster.scale(n)
+            except Exception as exc:
+                log.warning("phalanx: scaling to %s after the run failed: %s", n, exc)
+
+    def _control_path(self, job: Job) -> str | None:
+        slots = self.cluster.slots()
+        if job.lineage is None or not all(_local(s) for s in slots):
+            return None
+        return os.path.join(self._store_dir, f"{job.lineage.key}.resize")
+
+    def _clear_control(self, job: Job) -> None:
+        path = self._control_path(job)
+        if path and os.path.exists(path):
+            os.remove(path)
+
+
+def _local(slot: Any) -> bool:
+    return slot.address.startswith("127.") or slot.host == os.uname().nodename
+
+
+def _describe_sources(plan: dict) -> str:
+    parts = []
+    for rank, source in enumerate(plan["sources"]):
+        parts.append(f"rank {rank} from rank {plan['src']}'s memory" if source == "peer"
+                     else f"rank {rank} from its {source}")
+    return ", ".join(parts)

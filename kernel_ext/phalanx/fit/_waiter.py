@@ -1,0 +1,186 @@
+"""Wait for the ranks of one attempt; turn the first fault into one verdict, release the rest.
+
+The waiter polls every rank's result.  On the first fault (a rank that raised, died, stalled or
+passed ``--timeout``) every rank still running is interrupted through ipyparallel's control
+channel, which a busy engine still answers (its nanny relays the signal).  Stalls are found two
+ways: a peer's collective deadline names the rank that never arrived (``CollectiveTimeout.ranks``),
+and the controller drops an engine whose heartbeat stopped (a SIGSTOPped process).  A stalled
+rank is interrupted, so its traceback shows where it was stuck; a *stopped* one cannot run a
+signal handler, and the controller forgets it within seconds, so it is killed and reported as
+needing ``%cluster restart`` (automatic with ``--max-restarts``).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Any
+
+from ._output import OutputStreamer
+
+RELEASE_GRACE_S = 10.0   # after interrupting, how long ranks get to come back before we say so
+SECONDARY_GRACE_S = 3.0  # how long a rank's own error may take to arrive after a peer's abort
+# After a rank's own error, its peers are usually released by its abort within milliseconds; an
+# interrupt sent while such a peer is already returning would land in ipyparallel's own code.
+RELEASE_DELAY_S = 0.5
+POLL_S = 0.005
+
+# Errors a rank raises because *another* rank failed: reported only when nothing else explains it.
+SECONDARY = ("CollectiveAborted", "PeerDied", "CollectiveTimeout", "CollectiveError", "Unresponsive",
+             "DistBackendError", "DistNetworkError", "DistError")
+
+
+class Waiter:
+    """Poll one attempt's results; on the first fault interrupt everyone else."""
+
+    def __init__(self, cluster: Any, slots: list, ars: list, tracker: Any, opts: Any) -> None:
+        self.cluster, self.slots, self.ars, self.tracker, self.opts = cluster, slots, ars, tracker, opts
+        self.output = OutputStreamer(ars)
+        self.released_at: float | None = None
+        self.stalled: set[int] = set()   # ranks that kept their peers waiting
+        self.stopped: set[int] = set()   # ... and were found stopped (SIGSTOP): killed
+
+    def wait(self, results: dict[int, dict]) -> str:
+        """Fill ``results`` (rank -> result) and return done|failed|timeout|interrupted|resized."""
+        status, start, failed_at = "done", time.monotonic(), time.monotonic()
+        pending = set(range(len(self.ars)))
+        interrupted = False
+        while pending:
+            try:
+                self._collect(pending, results)
+                failed = [r for r in results.values() if not r.get("ok") and not r.get("resized")]
+                if status == "done" and failed:
+                    status, failed_at = "failed", time.monotonic()
+                if status == "failed" and self.released_at is None and self._should_release(
+                        failed, pending, failed_at):
+                    self._release(pending, failed)
+                if self.opts.timeout and status == "done" and time.monotonic() - start > self.opts.timeout:
+                    status = "timeout"
+                    self._release(pending, [])
+                if self.released_at and time.monotonic() - self.released_at > RELEASE_GRACE_S:
+                    self._abandon(pending, results)
+                self.output.flush()
+                time.sleep(POLL_S)
+            except KeyboardInterrupt:
+                if interrupted:
+                    raise
+                interrupted, status = True, "interrupted"
+                self._release(pending, [])
+        self.output.flush()
+        self._mark_stalled(results)
+        if status == "done" and any(r.get("resized") for r in results.values()):
+            status = "resized"
+        return status
+
+    def _should_release(self, failed: list[dict], pending: set[int], failed_at: float) -> bool:
+        # A rank released by a peer's failure reports a collective error; the peer that failed
+        # first is usually finishing on its own, so give it a moment to report its real error -
+        # unless the collective error names a rank still running: that one is stuck.
+        waited = time.monotonic() - failed_at
+        if any(rank in pending for r in failed for rank in r.get("ranks", ())):
+            return True
+        if any(r.get("error") not in SECONDARY for r in failed):
+            return waited > RELEASE_DELAY_S
+        return waited > SECONDARY_GRACE_S
+
+    def _collect(self, pending: set[int], results: dict[int, dict]) -> None:
+        for rank in sorted(pending):
+            ar, slot = self.ars[rank], self.slots[rank]
+            if ar.ready():
+                pending.discard(rank)
+                try:
+                    results[rank] = ar.get()
+                except Exception as exc:
+                    results[rank] = self._lost(rank, slot, exc)
+            elif slot.state == "dead":
+                pending.discard(rank)
+                results[rank] = died(slot, self.tracker, rank)
+
+    def _lost(self, rank: int, slot: Any, exc: Exception) -> dict:
+        """A task that ended without our result: its engine died, stopped, or ipyparallel failed it."""
+        if _is_stopped(slot):  # the controller dropped a frozen engine: it cannot come back
+            self._kill_stopped(rank, slot)
+            return {"ok": False, "error": "Stalled", "stopped": True, "ended_at": time.time(),
+                    "steps": self.tracker.steps.get(rank, 0), "message": str(exc)}
+        engine_gone = slot.state == "dead" or slot.engine_id not in self.cluster.client.ids
+        if engine_gone:
+            return died(slot, self.tracker, rank, str(exc))
+        if getattr(exc, "ename", None) == "KeyboardInterrupt" and self.released_at is not None:
+            # our interrupt reached the engine just outside the cell (while it was returning)
+            return {"ok": False, "interrupted": True, "error": "KeyboardInterrupt",
+                    "ended_at": time.time(), "steps": self.tracker.steps.get(rank, 0),
+                    "message": "interrupted while returning"}
+        return {"ok": False, "error": type(exc).__name__, "message": str(exc), "ended_at": time.time(),
+                "traceback": f"{type(exc).__name__}: {exc}", "steps": self.tracker.steps.get(rank, 0)}
+
+    def _release(self, pending: set[int], failed: list[dict]) -> None:
+        """Interrupt every rank still running (stopped ones are killed: no signal reaches them)."""
+        if self.released_at is not None or not pending:
+            self.released_at = self.released_at or time.monotonic()
+            return
+        self.released_at = time.monotonic()
+        if failed and all(r.get("error") in SECONDARY for r in failed):
+            named = {rank for r in failed for rank in r.get("ranks", ()) if rank in pending}
+            self.stalled |= named or set(pending)  # torch's own timeouts do not name anyone
+        targets = []
+        for rank in sorted(pending):
+            slot = self.slots[rank]
+            if slot.state == "dead":
+                continue
+            if _is_stopped(slot):
+                self._kill_stopped(rank, slot)
+            else:
+                targets.append(slot.engine_id)
+        if targets:
+            self.cluster.client.send_signal(signal.SIGINT, targets=targets, block=False)
+
+    def _kill_stopped(self, rank: int, slot: Any) -> None:
+        import os
+
+        self.stalled.add(rank)
+        self.stopped.add(rank)
+        try:
+            os.kill(slot.pid, signal.SIGKILL)  # SIGKILL is the one signal a stopped process takes
+        except (ProcessLookupError, TypeError):
+            pass
+
+    def _abandon(self, pending: set[int], results: dict[int, dict]) -> None:
+        for rank in list(pending):
+            results[rank] = {"ok": False, "error": "Unresponsive", "ended_at": time.time(),
+                             "steps": self.tracker.steps.get(rank, 0), "grace_s": RELEASE_GRACE_S,
+                             "message": f"did not stop within {RELEASE_GRACE_S:g} s of an interrupt"}
+            pending.discard(rank)
+            try:
+                self.cluster.restart(rank)
+            except Exception:
+                pass
+
+    def _mark_stalled(self, results: dict[int, dict]) -> None:
+        for rank in self.stalled:
+            result = results.get(rank)
+            if result is None or result.get("ok") or (
+                    result.get("error") == "EngineDied" and rank not in self.stopped):
+                continue
+            if result.get("error") not in SECONDARY + ("KeyboardInterrupt", "Stalled", "EngineDied"):
+                continue  # it failed on its own: that error is the report
+            result.update(stalled=True, stopped=rank in self.stopped,
+                          waited_s=self.opts.collective_timeout)
+
+
+def _is_stopped(slot: Any) -> bool:
+    """Whether a local engine process is stopped (SIGSTOP, or a debugger's trace stop)."""
+    import socket
+
+    if not slot.pid or slot.host != socket.gethostname():
+        return False
+    try:
+        import psutil
+
+        return psutil.Process(slot.pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+    except Exception:
+        return False
+
+
+def died(slot: Any, tracker: Any, rank: int, detail: str = "") -> dict:
+    return {"ok": False, "error": "EngineDied", "exit_code": slot.exit_code, "ended_at": time.time(),
+            "steps": tracker.steps.get(rank, 0), "message": detail}

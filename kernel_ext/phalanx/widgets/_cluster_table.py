@@ -1,0 +1,76 @@
+"""The engine table of the cluster widget (pure: rows in, HTML out).
+
+Rows come from ``cluster`` events (rank, engine id, host, pid, device, state); the widget adds
+the step of the current run (from ``progress`` events) and resident memory of local engines.
+
+Example::
+
+    >>> rows = merge_rows([{"rank": 0, "engine_id": 3, "host": "h", "pid": 9, "device": "cpu",
+    ...                     "state": "idle", "memory_mb": None, "step": None}], {0: 12}, running=1)
+    >>> rows[0]["state"], rows[0]["step"]
+    ('busy', 12)
+"""
+
+from __future__ import annotations
+
+import html
+import socket
+from typing import Any, Callable, Mapping, Sequence
+
+COLUMNS = ("rank", "host", "device", "state", "memory_mb", "step")
+HEADINGS = {"memory_mb": "memory (MB)"}
+_STATE_COLOURS = {"idle": "#2e7d32", "busy": "#1565c0", "starting": "#8d6e00",
+                  "stopping": "#8d6e00", "dead": "#c62828"}
+
+
+def local_memory_mb(pid: int | None, host: str | None) -> float | None:
+    """Resident memory of a process on this host, in MB (``None`` for remote or gone ones)."""
+    if not pid or host != socket.gethostname():
+        return None
+    try:
+        import psutil
+
+        return round(psutil.Process(pid).memory_info().rss / 2**20, 1)
+    except Exception:
+        return None
+
+
+def merge_rows(engines: Sequence[Mapping[str, Any]], steps: Mapping[int, int], running: int = 0,
+               memory: Callable[[int | None, str | None], float | None] | None = None) -> list[dict]:
+    """Engine rows with the run's steps; ranks below ``running`` (the run's world size) that
+    report ``idle`` are shown ``busy``: the cluster layer does not poll during a run."""
+    rows = []
+    for e in engines:
+        row = dict(e)
+        rank = int(row["rank"])
+        if rank in steps:
+            row["step"] = steps[rank]
+        if rank < running and row.get("state") == "idle":
+            row["state"] = "busy"
+        if row.get("memory_mb") is None and memory is not None:
+            row["memory_mb"] = memory(row.get("pid"), row.get("host"))
+        rows.append(row)
+    return rows
+
+
+def table_html(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The rows as an HTML table (or a line saying no cluster runs).
+
+    Example::
+
+        >>> "no cluster" in table_html([])
+        True
+    """
+    if not rows:
+        return "<i>no cluster is running: start one with the start button or <code>%cluster start</code></i>"
+    head = "".join(f"<th style='text-align:left;padding:0 .8em 0 0'>{HEADINGS.get(c, c)}</th>"
+                   for c in COLUMNS)
+    body = "".join("<tr>" + "".join(_cell(c, row.get(c)) for c in COLUMNS) + "</tr>" for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _cell(column: str, value: Any) -> str:
+    text = "" if value is None else html.escape(str(value))
+    if column == "state" and value in _STATE_COLOURS:
+        text = f"<span style='color:{_STATE_COLOURS[value]}'>{text}</span>"
+    return f"<td style='padding:0 .8em 0 0'>{text}</td>"

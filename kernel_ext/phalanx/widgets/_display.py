@@ -1,0 +1,89 @@
+"""What a ``%%distributed_fit`` cell shows, from start to end: the one object the magic uses.
+
+:class:`RunDisplay` picks the live widgets (a Jupyter frontend) or the text progress (a terminal,
+or ``--no-widget``), attaches it to the session's event bus when the run starts (``on_start``)
+and, at the end, detaches it and hands back the static :class:`RunSummary` to display, also
+after a failed or interrupted run, whose curves are worth keeping too.
+
+Example::
+
+    shown = RunDisplay(session, shell, widget=opts.widget)
+    try:
+        session.distributed_fit(body, opts, user_ns, on_start=shown.start)
+    finally:
+        summary = shown.finish()
+        if summary is not None:
+            display(summary, metadata=summary.metadata)
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+from . import _frontend
+from ._summary import RunSummary
+from ._text import TextProgress
+
+log = logging.getLogger("phalanx")
+
+
+def _display(obj: Any) -> None:
+    from IPython.display import display
+
+    display(obj)
+
+
+class RunDisplay:
+    """Live view or text progress of one run, then its summary."""
+
+    def __init__(self, session: Any, shell: Any = None, widget: bool = True,
+                 show: Callable[[Any], None] | None = None) -> None:
+        self.session, self.shell = session, shell
+        self.live = bool(widget) and _frontend.widgets_available(shell)
+        self.view: Any = None
+        self.run_id: str | None = None
+        self._show = show if show is not None else _display
+        self._unsubscribe: Callable[[], None] | None = None
+        self._loader: Any = None
+
+    def start(self, tracker: Any, name: str) -> None:
+        """``on_start`` callback of ``Session.distributed_fit``: show and subscribe the view."""
+        self.run_id = tracker.run_id
+        try:
+            if self.live:
+                from ._bokehjs import load_bokehjs
+                from ._run_view import RunView
+
+                self.view = RunView.for_tracker(tracker, name)
+                self._loader = load_bokehjs(self.shell)
+                self._show(self.view)
+            else:
+                self.view = TextProgress(tracker.run_id, name)
+        except Exception:  # a view that cannot be built must not stop the training
+            log.exception("phalanx: the live view of %s could not be shown; using text", name)
+            self.view = TextProgress(tracker.run_id, name)
+        self._unsubscribe = self.session.events.subscribe(self.view.handle)
+
+    def finish(self) -> RunSummary | None:
+        """Detach the view, show the final state; the summary of this run, if it has a record."""
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+        record = self._record()
+        if self.view is not None:
+            try:
+                self.view.finish(record)
+                if self._loader is not None:
+                    from ._bokehjs import forget_loader
+
+                    forget_loader(self._loader)
+            except Exception:  # the run's own outcome (or error) matters more than its view
+                log.exception("phalanx: finishing the live view failed")
+        return RunSummary(record) if record is not None else None
+
+    def _record(self) -> Any:
+        last = getattr(getattr(self.session, "fits", None), "last", None)
+        if self.run_id is None or last is None or last.run_id != self.run_id:
+            return None  # the run ended before it had a record (e.g. interrupted while sending)
+        return last

@@ -1,0 +1,157 @@
+"""Text for the views: durations, rates, per-rank progress and the one-line text progress (pure).
+
+Every view (widget rows, the text fallback, the summary) formats through here so they agree.
+
+Example::
+
+    >>> fmt_duration(125)
+    '2 min 05 s'
+    >>> rank_text({"rank": 0, "step": 50, "total": 200, "steps_per_s": 25.0, "eta_s": 6.0,
+    ...            "metrics": {"loss": 0.1234}, "straggler": False})
+    '50/200 steps · 25.0 steps/s · ETA 6 s · loss 0.1234'
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping
+
+DOT = " · "
+MAX_METRICS = 4  # more than a few numbers on one line stops being readable
+# bokeh's and matplotlib's Category10: the live plot and the saved summary colour ranks alike.
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+           "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
+
+
+def rank_colour(rank: int) -> str:
+    """A stable colour per rank (Category10, cycled).
+
+    Example::
+
+        >>> rank_colour(0), rank_colour(10) == rank_colour(0)
+        ('#1f77b4', True)
+    """
+    return PALETTE[rank % len(PALETTE)]
+
+
+def fmt_duration(seconds: float | None) -> str:
+    """``42 s``, ``2 min 05 s``, ``1 h 02 min``; ``–`` when unknown.
+
+    Example::
+
+        >>> fmt_duration(3725)
+        '1 h 02 min'
+    """
+    if seconds is None or seconds != seconds or seconds < 0:
+        return "–"
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes, secs = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes} min {secs:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
+
+
+def fmt_number(value: Any) -> str:
+    """A metric value in 4 significant digits.
+
+    Example::
+
+        >>> fmt_number(0.000123456), fmt_number(3)
+        ('0.0001235', '3')
+    """
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def fmt_metrics(metrics: Mapping[str, Any], limit: int = MAX_METRICS) -> str:
+    """``loss 0.12 · acc 0.9`` for the first ``limit`` metrics.
+
+    Example::
+
+        >>> fmt_metrics({"loss": 0.5, "acc": 0.75})
+        'loss 0.5 · acc 0.75'
+    """
+    items = list(metrics.items())
+    text = DOT.join(f"{name} {fmt_number(value)}" for name, value in items[:limit])
+    return text + (f"{DOT}+{len(items) - limit} more" if len(items) > limit else "")
+
+
+def fmt_rate(rate: float | None) -> str:
+    """``12.3 steps/s``; ``–`` before a rate is known."""
+    return "– steps/s" if rate is None else f"{rate:.1f} steps/s"
+
+
+def rank_text(p: Mapping[str, Any]) -> str:
+    """The detail text of one rank's progress row (a ``progress`` event entry)."""
+    total = p.get("total")
+    parts = [f"{p['step']}/{total} steps" if total else f"{p['step']} steps", fmt_rate(p.get("steps_per_s"))]
+    if total:
+        parts.append(f"ETA {fmt_duration(p.get('eta_s'))}")
+    metrics = fmt_metrics(p.get("metrics") or {})
+    if metrics:
+        parts.append(metrics)
+    if p.get("straggler"):
+        parts.append("straggler")
+    return DOT.join(parts)
+
+
+def bar_range(ranks: Iterable[Mapping[str, Any]]) -> int:
+    """The progress bars' maximum: the total steps when known, else the leading rank's count.
+
+    Without a total, the leading rank's bar is full and the others show how far behind they are.
+
+    Example::
+
+        >>> bar_range([{"step": 30, "total": None}, {"step": 40, "total": None}])
+        40
+    """
+    ranks = list(ranks)
+    totals = [r["total"] for r in ranks if r.get("total")]
+    if totals:
+        return int(max(totals))
+    return max([int(r["step"]) for r in ranks] + [1])
+
+
+def overall(ranks: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """Run-wide figures: slowest rank's step, total, mean rate, worst ETA, stragglers.
+
+    Example::
+
+        >>> overall([{"rank": 0, "step": 10, "total": 20, "steps_per_s": 2.0, "eta_s": 5.0},
+        ...          {"rank": 1, "step": 8, "total": 20, "steps_per_s": 1.0, "eta_s": 12.0,
+        ...           "straggler": True}])["eta_s"]
+        12.0
+    """
+    rates = [r["steps_per_s"] for r in ranks if r.get("steps_per_s") is not None]
+    etas = [r["eta_s"] for r in ranks if r.get("eta_s") is not None]
+    return {"step": min((int(r["step"]) for r in ranks), default=0),
+            "total": next((r["total"] for r in ranks if r.get("total")), None),
+            "steps_per_s": sum(rates) / len(rates) if rates else None,
+            "eta_s": max(etas) if etas else None,
+            "stragglers": [r["rank"] for r in ranks if r.get("straggler")]}
+
+
+def progress_line(name: str, ranks: list[Mapping[str, Any]], elapsed_s: float,
+                  status: str = "running") -> str:
+    """The single line of the text progress (``--no-widget`` and terminals).
+
+    Example::
+
+        >>> progress_line("run-1", [{"rank": 0, "step": 5, "total": 10, "steps_per_s": 1.0,
+        ...                          "eta_s": 5.0, "metrics": {"loss": 0.25}}], 5.0)
+        'run-1 running 5 s · 1 rank(s) · 5/10 steps · 1.0 steps/s · ETA 5 s · rank 0: loss 0.25'
+    """
+    o = overall(ranks)
+    parts = [f"{name} {status} {fmt_duration(elapsed_s)}", f"{len(ranks)} rank(s)",
+             f"{o['step']}/{o['total']} steps" if o["total"] else f"{o['step']} steps",
+             fmt_rate(o["steps_per_s"])]
+    if o["total"] and status == "running":
+        parts.append(f"ETA {fmt_duration(o['eta_s'])}")
+    if ranks and ranks[0].get("metrics"):
+        parts.append(f"rank {ranks[0]['rank']}: {fmt_metrics(ranks[0]['metrics'], 2)}")
+    if o["stragglers"]:
+        parts.append("straggler(s): " + ", ".join(map(str, o["stragglers"])))
+    return DOT.join(parts)

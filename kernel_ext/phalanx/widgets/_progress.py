@@ -1,0 +1,65 @@
+"""Per-rank progress bars (ipywidgets): steps, steps/s, ETA, latest metrics, straggler mark.
+
+Fed with the ``ranks`` list of ``progress`` events; each bar's value is the rank's optimizer
+step count, its maximum the ``--steps`` total (or, without one, the leading rank's count).
+
+Example::
+
+    panel = ProgressPanel(world_size=2, total_steps=100)
+    display(panel.widget)
+    panel.update([{"rank": 0, "step": 10, "total": 100, ...}, ...])
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any, Mapping
+
+from ._format import bar_range, rank_text
+
+_STRAGGLER = '<span style="color:#c75000;font-weight:bold">⚠</span> '
+_FINAL_STYLE = {"done": "success", "failed": "danger", "timeout": "danger", "interrupted": "warning"}
+
+
+class ProgressPanel:
+    """One row per rank: a label, an ``IntProgress`` bar and a detail line."""
+
+    def __init__(self, world_size: int, total_steps: int | None) -> None:
+        import ipywidgets as w
+
+        self.total_steps = total_steps
+        self.bars = [w.IntProgress(value=0, min=0, max=total_steps or 1, bar_style="info",
+                                   layout=w.Layout(width="40%")) for _ in range(world_size)]
+        self.details = [w.HTML(value=self._detail({"rank": r, "step": 0, "total": total_steps}))
+                        for r in range(world_size)]
+        rows = [w.HBox([w.HTML(f"<code>rank {r}</code>", layout=w.Layout(width="4.5em")), bar, detail])
+                for r, (bar, detail) in enumerate(zip(self.bars, self.details))]
+        self.widget = w.VBox(rows)
+
+    def update(self, ranks: list[Mapping[str, Any]]) -> None:
+        """Show the ranks' latest progress (one ``progress`` event's ``ranks``)."""
+        top = bar_range(ranks)
+        for p in ranks:
+            rank = int(p["rank"])
+            if not 0 <= rank < len(self.bars):
+                continue
+            bar = self.bars[rank]
+            with bar.hold_sync():  # one comm message per bar, not one per trait
+                bar.max = max(top, int(p["step"]), 1)
+                bar.value = int(p["step"])
+                bar.bar_style = "warning" if p.get("straggler") else "info"
+            self.details[rank].value = self._detail(p)
+
+    def finish(self, steps: Mapping[int, int], status: str) -> None:
+        """Final counts (the engines' own) and a colour for how the run ended."""
+        top = self.total_steps or max([*steps.values(), 1])
+        for rank, bar in enumerate(self.bars):
+            with bar.hold_sync():
+                bar.max = max(top, steps.get(rank, 0), 1)
+                bar.value = int(steps.get(rank, bar.value))
+                bar.bar_style = _FINAL_STYLE.get(status, "info")
+
+    @staticmethod
+    def _detail(p: Mapping[str, Any]) -> str:
+        text = html.escape(rank_text(p))
+        return (_STRAGGLER if p.get("straggler") else "") + f"<small>{text}</small>"

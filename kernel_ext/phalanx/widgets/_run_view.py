@@ -1,0 +1,143 @@
+"""The live view under a ``%%distributed_fit`` cell: header, per-rank progress, live curves.
+
+A :class:`RunView` is a bus subscriber: :meth:`RunView.handle` takes this run's ``metrics``,
+``progress`` and ``run_ended`` events (from the tracker's publisher thread, at most ~10/s) and
+updates the widgets.  Metric rows are turned into points to append (never a redraw), so the cost
+of an update follows what arrived, not the length of the run.
+
+The kernel shares the machine with the engines, so the view keeps to a CPU budget
+(:class:`~phalanx.widgets._throttle.CpuBudget`, 0.5% of one core): rows are split into points
+as they arrive, and the widgets are updated with everything new when the budget allows, at most
+~10 times a second.  Under heavy logging the view updates less often; no row is dropped, and
+:meth:`RunView.finish` draws the rest.
+
+Example::
+
+    view = RunView("ab12-1", "run-1", world_size=2, total_steps=100)
+    display(view)
+    unsubscribe = session.events.subscribe(view.handle)
+    ...                                  # the run goes
+    view.finish(record)
+"""
+
+from __future__ import annotations
+
+import html
+import threading
+import time
+from typing import Any, Callable, Mapping
+
+from ._format import DOT, fmt_duration, fmt_rate, overall
+from ._plot import LivePlot
+from ._progress import ProgressPanel
+from ._series import Points, SeriesBuilder, merge
+from ._throttle import CpuBudget
+
+# Of one core, on average, for this view's updates: on a machine the engines saturate (the
+# benchmark's 2 cores, 2 CPU engines) this bounds what the live view costs training.  An update
+# of a few hundred rows takes ~1 ms, so light logging still gets ~10 updates/s; heavy logging
+# gets fewer, larger ones.
+CPU_SHARE = 0.005
+CPU_BURST_S = 0.03      # a first metric's relabel passes; a new one's figures (~0.1 s) pause ~15 s
+UPDATE_INTERVAL_S = 0.1
+
+
+class RunView:
+    """Live widgets of one run (ipywidgets + a bokeh plot through jupyter_bokeh)."""
+
+    def __init__(self, run_id: str, name: str, world_size: int, total_steps: int | None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        import ipywidgets as w
+
+        self.run_id, self.name, self.world_size = run_id, name, world_size
+        self.header = w.HTML()
+        self.progress = ProgressPanel(world_size, total_steps)
+        self.series = SeriesBuilder(world_size)
+        self.plot = LivePlot(world_size)
+        self.widget = w.VBox([self.header, self.progress.widget, self.plot.model])
+        self.rows_seen = 0
+        self.cpu_s = 0.0  # CPU time the live updates took (what the budget bounds)
+        self._clock, self._started = clock, clock()
+        self._ranks: list[Mapping[str, Any]] = []
+        self._status, self._wall = "running", None
+        self._inbox: list[Mapping[str, Any]] = []
+        self._points: Points = {}  # split from arrived rows, waiting to be streamed
+        self._budget = CpuBudget(CPU_SHARE, CPU_BURST_S, UPDATE_INTERVAL_S, clock)
+        self._lock = threading.Lock()
+        self._show_header()
+
+    @classmethod
+    def for_tracker(cls, tracker: Any, name: str) -> "RunView":
+        """The view of the run ``tracker`` follows (what ``on_start`` receives)."""
+        return cls(tracker.run_id, name, tracker.world_size, tracker.total_steps)
+
+    def handle(self, event: Mapping[str, Any]) -> None:
+        """Bus subscriber: take this run's events, update the widgets when the budget allows."""
+        if event.get("run") != self.run_id:
+            return
+        with self._lock:
+            started = time.thread_time()
+            if event.get("type") == "metrics":
+                # Split at once (~1 us a row): queued, the row dicts would outlive young-generation
+                # garbage collections and make the kernel's full collections more frequent.
+                self.rows_seen += len(event["rows"])
+                merge(self._points, self.series.add(event["rows"]))
+            else:
+                self._inbox.append(event)
+            # The tracker sends metrics then progress each time: update on the progress event.
+            if event.get("type") != "metrics" and self._budget.ready():
+                self._apply()
+            spent = time.thread_time() - started
+            self._budget.spend(spent)
+            self.cpu_s += spent
+
+    def drain(self) -> None:
+        """Apply every queued event now (tests, and the end of a run)."""
+        with self._lock:
+            self._apply()
+
+    def finish(self, record: Any = None) -> None:
+        """The run is over: final means, the engines' exact step counts, the final state."""
+        with self._lock:
+            self._apply()
+            self.plot.extend(self.series.flush())
+            if record is not None:
+                self._status, self._wall = record.status, record.wall_s
+                self.progress.finish(record.steps, record.status)
+            elif self._status == "running":
+                self._status = "stopped"
+            self._show_header()
+            self.plot.refresh()
+
+    def _apply(self) -> None:
+        events, self._inbox = self._inbox, []
+        points, self._points = self._points, {}
+        if points:
+            self.plot.extend(points)
+        latest = [e for e in events if e.get("type") == "progress"][-1:]
+        if latest:
+            self._ranks = list(latest[0]["ranks"])
+            self.progress.update(self._ranks)
+        for ended in (e for e in events if e.get("type") == "run_ended"):
+            self._status, self._wall = ended["status"], ended["wall_s"]
+        if events or points:
+            self._show_header()
+
+    def _show_header(self) -> None:
+        elapsed = self._wall if self._wall is not None else self._clock() - self._started
+        parts = [f"<b>{html.escape(self.name)}</b>", html.escape(self._status),
+                 f"{fmt_duration(elapsed)}", f"{self.world_size} rank(s)"]
+        if self._ranks:
+            o = overall(list(self._ranks))
+            parts.append(fmt_rate(o["steps_per_s"]) + " per rank")
+            if self._status == "running" and o["eta_s"] is not None:
+                parts.append(f"ETA {fmt_duration(o['eta_s'])}")
+            if o["stragglers"]:
+                parts.append("straggler(s): rank " + ", ".join(map(str, o["stragglers"])))
+        self.header.value = DOT.join(parts)
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict:
+        bundle = self.widget._repr_mimebundle_(**kwargs) or {}
+        # What a saved notebook shows where no widget can be drawn: the summary follows it.
+        bundle["text/plain"] = f"phalanx live view of {self.name} (needs a running kernel)"
+        return bundle

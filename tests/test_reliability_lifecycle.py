@@ -1,0 +1,123 @@
+"""Nothing lost, nothing left running: repeated start/run/stop, and a kernel that is killed.
+
+Scenarios 6 and 7 of issue 9.  The first drives 20 cycles through one session in this process
+(the process plays the kernel) and compares what the process holds after cycle 2 and cycle 20.
+The second starts a real IPython kernel (jupyter_client), starts a cluster in it, SIGKILLs the
+kernel and checks that the controller, its schedulers, the engines and their nannies all go.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import psutil
+import pytest
+
+from test_reliability_helpers import alive, descendants, figures, listening_sockets  # noqa: F401
+
+pytestmark = pytest.mark.cluster
+
+CYCLES = 20
+BODY = "from phalanx import allreduce\ntotal = allreduce(1.0, op='sum')\n"
+
+
+def _footprint() -> dict:
+    me = psutil.Process()
+    return {"children": len(descendants()), "fds": me.num_fds(), "threads": me.num_threads(),
+            "listening": len(listening_sockets([me.pid])), "rss_mb": me.memory_info().rss / 2**20,
+            "shm_segments": len([n for n in os.listdir("/dev/shm") if n.startswith("phx_")])}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)  # 20 cold starts of a controller and 2 engines on a shared 2-core box
+def test_twenty_start_run_stop_cycles_do_not_grow_the_kernel(figures):
+    from phalanx._session import Session
+    from phalanx.fit import FitOptions
+
+    session = Session()
+    marks: dict[int, dict] = {}
+    started = time.monotonic()
+    try:
+        for cycle in range(1, CYCLES + 1):
+            session.start_cluster(n=2, gpus="none")
+            ns: dict = {}
+            session.distributed_fit(BODY, FitOptions.build(returns="total", widget=False), ns)
+            assert ns["total"] == 2.0
+            pids = [p for pids in session.cluster.process_ids().values() for p in pids]
+            session.stop_cluster()
+            gone = [psutil.Process(p) for p in pids if psutil.pid_exists(p)]
+            assert not alive(psutil.wait_procs(gone, timeout=10)[1])
+            marks[cycle] = _footprint()
+            print(f"cycle {cycle}: {time.monotonic() - started:.1f} s {marks[cycle]}", flush=True)
+    finally:
+        session.close()
+    first, last = marks[2], marks[CYCLES]  # cycle 1 pays for imports and first-use caches
+    growth = {k: round(last[k] - first[k], 1) for k in first}
+    figures["6_cycles"] = CYCLES
+    figures["6_cycle_mean_s"] = round((time.monotonic() - started) / CYCLES, 2)
+    figures["6_after_cycle_2"] = {k: round(v, 1) for k, v in first.items()}
+    figures["6_growth_cycle_2_to_20"] = growth
+    assert last["children"] == 0 and last["shm_segments"] == 0, last
+    assert growth["fds"] <= 8 and growth["listening"] <= 1 and growth["threads"] <= 4, growth
+    assert growth["rss_mb"] <= 40, growth
+
+
+# --- a real kernel, killed ------------------------------------------------------------------------
+
+def _start_kernel(extra_env: dict | None = None):
+    from jupyter_client.manager import KernelManager
+
+    env = {**os.environ, **(extra_env or {})}
+    km = KernelManager(kernel_name="python3")
+    km.kernel_spec.argv[0] = sys.executable  # this virtual environment's Python
+    km.start_kernel(env=env)
+    client = km.blocking_client()
+    client.start_channels()
+    client.wait_for_ready(timeout=60)
+    return km, client
+
+
+def execute(client, code: str, timeout: float = 120) -> str:
+    """Run ``code`` in the kernel; returns its stdout; fails on an error reply."""
+    out: list[str] = []
+
+    def collect(msg):
+        if msg["msg_type"] == "stream":
+            out.append(msg["content"]["text"])
+        elif msg["msg_type"] == "error":
+            out.append("\n".join(msg["content"]["traceback"]))
+
+    reply = client.execute_interactive(code, timeout=timeout, output_hook=collect)
+    assert reply["content"]["status"] == "ok", "".join(out)
+    return "".join(out)
+
+
+def test_killed_kernel_leaves_no_controller_or_engine_running(figures):
+    km, client = _start_kernel()
+    procs: list = []
+    try:
+        execute(client, "%load_ext phalanx\n%cluster start -n 2 --gpus none\n")
+        execute(client, "%%distributed_fit --no-widget\nfrom phalanx import allreduce\nallreduce(1.0)\n")
+        kernel = psutil.Process(km.provisioner.pid)
+        procs = kernel.children(recursive=True)
+        roles = {p.pid: " ".join(p.cmdline()) for p in procs}
+        assert sum("ipyparallel.controller" in r for r in roles.values()) >= 1, roles
+        assert sum("ipyparallel.engine" in r for r in roles.values()) >= 2, roles
+        client.stop_channels()
+        killed = time.monotonic()
+        kernel.send_signal(signal.SIGKILL)  # no atexit, no cleanup: only the watchdogs can act
+        _, left = psutil.wait_procs(procs, timeout=20)
+        gone_after = time.monotonic() - killed
+        assert not alive(left), {p.pid: roles.get(p.pid) for p in left}
+        figures["7_killed_kernel_processes"] = len(procs)
+        figures["7_killed_kernel_all_gone_s"] = round(gone_after, 2)
+    finally:
+        for proc in procs:  # never leave anything behind, even when the test failed
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+        km.cleanup_resources()

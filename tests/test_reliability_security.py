@@ -1,0 +1,152 @@
+"""Security of a local cluster (scenario 11 of issue 9).
+
+* every listening socket of the controller, its schedulers, the engines and their nannies - and
+  the kernel's metric receiver and rendezvous - is on loopback;
+* ipyparallel's connection files (they hold the cluster's keys) are owner-only from the moment
+  they exist: the controller runs with umask 077, so not even the moment between ipyparallel's
+  ``open()`` and its ``chmod()`` leaves them readable;
+* a comm message from the frontend that does not fit the schema is rejected and logged, and the
+  kernel keeps working (a real kernel, driven through jupyter_client);
+* scale requests above the configured maximum are refused with nothing changed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import threading
+import time
+import uuid
+
+import pytest
+
+from conftest import run_cell
+from test_reliability_helpers import listening_sockets
+from test_reliability_lifecycle import _start_kernel, execute
+
+pytestmark = pytest.mark.cluster
+
+LOOPBACK = ("127.0.0.1", "::1")
+
+
+def test_every_cluster_socket_listens_on_loopback_only(two_engines, shell):
+    session = two_engines
+    # A run forms the process group (gloo, shared memory) and opens the metric stream.
+    run_cell(shell, "%%distributed_fit\nfrom phalanx import allreduce\nallreduce(1.0)\n")
+    roles = session.cluster.process_ids()
+    pids = [p for pids in roles.values() for p in pids]
+    assert roles["controller"] and len(roles["engines"]) >= 4  # engines + nannies
+    sockets = listening_sockets(pids)
+    assert sockets, "found no listening socket at all: the check would prove nothing"
+    exposed = [s for s in sockets if s[1] not in LOOPBACK]
+    assert not exposed, f"listening beyond loopback: {exposed}"
+    receiver = session.fits._receiver
+    assert receiver is not None and receiver.address.startswith("tcp://127.0.0.1:")
+    assert session.fits._tcp_store is None  # one host: the rendezvous is a private file store
+    assert stat.S_IMODE(os.stat(session.fits._store_dir).st_mode) == 0o700
+
+
+def test_connection_files_are_owner_only_from_the_moment_they_exist():
+    from phalanx._session import Session
+
+    security = os.path.expanduser("~/.ipython/profile_default/security")
+    os.makedirs(security, exist_ok=True)
+    before = set(os.listdir(security))
+    seen: dict[str, set[int]] = {}
+    stop = threading.Event()
+
+    def watch():  # as fast as Python can: any moment a file is group/world readable is a leak
+        while not stop.is_set():
+            for name in set(os.listdir(security)) - before:
+                if name.startswith("ipcontroller-"):
+                    try:
+                        seen.setdefault(name, set()).add(stat.S_IMODE(os.stat(os.path.join(security, name)).st_mode))
+                    except FileNotFoundError:
+                        pass
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    session = Session()
+    try:
+        session.start_cluster(n=1, gpus="none")
+        controller = session.cluster.process_ids()["controller"][0]
+        with open(f"/proc/{controller}/status") as f:
+            umask = next(line.split()[1] for line in f if line.startswith("Umask:"))
+    finally:
+        stop.set()
+        watcher.join(timeout=5)
+        session.close()
+    assert umask == "0077"
+    assert len(seen) >= 2, seen  # the client and the engine connection files
+    assert all(modes == {0o600} for modes in seen.values()), seen
+
+
+def test_scale_above_the_maximum_is_refused_and_changes_nothing(two_engines, monkeypatch):
+    from phalanx.cluster import ClusterError, ClusterManager
+
+    session = two_engines
+    ids = session.cluster.engine_ids()
+    monkeypatch.setattr(session.cluster, "max_engines", 2)
+    with pytest.raises(ClusterError, match="3 engines is above this cluster's limit of 2"):
+        session.scale(3)
+    assert session.cluster.engine_ids() == ids
+    monkeypatch.setenv("PHALANX_MAX_ENGINES", "3")
+    with pytest.raises(ClusterError, match="PHALANX_MAX_ENGINES"):
+        ClusterManager().start(n=4, gpus="none")  # refused before any process starts
+
+
+def _comm_messages(client, comm_id: str, timeout: float = 10.0) -> list[dict]:
+    """The kernel's comm messages on ``comm_id`` that arrive within ``timeout``."""
+    found = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            msg = client.get_iopub_msg(timeout=0.2)
+        except Exception:
+            if found:
+                break
+            continue
+        if msg["msg_type"] == "comm_msg" and msg["content"]["comm_id"] == comm_id:
+            found.append(msg["content"]["data"])
+    return found
+
+
+def _send_comm(client, msg_type: str, content: dict) -> None:
+    client.shell_channel.send(client.session.msg(msg_type, content))
+
+
+def test_invalid_panel_messages_are_rejected_and_logged_and_the_kernel_keeps_working():
+    km, client = _start_kernel({"PHALANX_MAX_ENGINES": "2"})
+    try:
+        execute(client, """
+import logging
+from phalanx import get_session
+from phalanx._labcomm import LabComm
+records = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        records.append(record.getMessage())
+logging.getLogger("phalanx").addHandler(Keep())
+lab = LabComm(get_session())
+lab.register()
+""")
+        comm_id = uuid.uuid4().hex
+        _send_comm(client, "comm_open", {"comm_id": comm_id, "target_name": "phalanx",
+                                         "data": {"v": 1, "type": "request_snapshot"}})
+        snapshot = _comm_messages(client, comm_id)
+        assert any(m.get("type") == "snapshot" for m in snapshot), snapshot  # the comm works
+        for bad in ({"v": 1, "type": "exec", "code": "import os"}, {"v": 99, "type": "stop"},
+                    {"v": 1, "type": "scale", "n": "lots"}, ["not", "an", "object"]):
+            _send_comm(client, "comm_msg", {"comm_id": comm_id, "data": bad})
+        _send_comm(client, "comm_msg", {"comm_id": comm_id, "data": {"v": 1, "type": "scale", "n": 3}})
+        refused = _comm_messages(client, comm_id)
+        assert any("at most 2" in (m.get("error") or "") for m in refused), refused
+        logged = execute(client, "import json; print(json.dumps(records))")
+        messages = json.loads(logged.strip().splitlines()[-1])
+        assert sum("ignoring an invalid request" in m for m in messages) == 4, messages
+        assert execute(client, "print(6 * 7)").strip() == "42"  # the kernel keeps working
+    finally:
+        client.stop_channels()
+        km.shutdown_kernel(now=True)
+

@@ -1,0 +1,70 @@
+"""The live run view and the cluster widget in a real JupyterLab (headless Chromium), on a real
+cluster: the widgets render through ipywidgets and jupyter_bokeh, update live, and the cluster
+widget's buttons scale the cluster from the browser."""
+
+from __future__ import annotations
+
+import pytest
+from browser_support import (  # noqa: F401  (fixtures)
+    lab_page,
+    lab_server,
+    open_notebook,
+    run_all_cells,
+    screenshot,
+    wait_for_kernel_idle,
+    write_notebook,
+)
+
+pytestmark = [pytest.mark.browser, pytest.mark.cluster, pytest.mark.slow]
+
+CELLS = [
+    "%load_ext phalanx\n%cluster start -n 2 --gpus none",
+    """%%distributed_fit --steps 40 --name lab-run
+import time, torch
+from phalanx import log
+net = torch.nn.Linear(3, 1)
+opt = torch.optim.SGD(net.parameters(), lr=0.05)
+for _ in range(40):
+    opt.zero_grad()
+    loss = ((net(torch.ones(8, 3)) - 1) ** 2).mean()
+    loss.backward()
+    opt.step()
+    log(loss=loss.item())
+    time.sleep(0.05)            # ~2 s: the view updates while it trains
+""",
+    "%cluster",
+]
+
+
+def _output(page, cell: int):
+    return page.locator(".jp-Notebook .jp-Cell").nth(cell).locator(".jp-OutputArea")
+
+
+def test_live_view_summary_and_cluster_widget_in_jupyterlab(lab_server, lab_page):
+    console = []
+    lab_page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+    write_notebook(lab_server.root / "views.ipynb", CELLS)
+    open_notebook(lab_page, lab_server, "views.ipynb")
+    run_all_cells(lab_page)
+    wait_for_kernel_idle(lab_page, timeout_ms=240_000)
+    run = _output(lab_page, 1)
+    run.locator(".widget-hprogress").first.wait_for()
+    assert run.locator(".widget-hprogress").count() == 2                      # one bar per rank
+    assert "lab-run" in run.inner_text() and "done" in run.inner_text()
+    errors = [c for c in console if c.startswith("error")]
+    assert run.locator(".jupyter-widgets-error-widget").count() == 0, errors
+    run.get_by_text("loss", exact=True).first.wait_for()                     # the metric's tab
+    assert run.locator(".bk-Canvas, canvas").count() > 0, errors             # the bokeh plot drew
+    run.get_by_text("log", exact=True).first.click()                         # the scale toggle
+    summary = run.locator('img[alt="metric curves of lab-run"]')
+    assert summary.count() == 1 and summary.evaluate("img => img.naturalWidth") > 100
+    screenshot(lab_page, "widgets-run-view.png")
+
+    panel = _output(lab_page, 2)
+    panel.get_by_text("cluster: 2 engine(s)").wait_for()
+    panel.locator("button", has_text="+").click()                            # scale from the page
+    panel.get_by_text("cluster: 3 engine(s)").wait_for(timeout=120_000)
+    panel.locator("button", has_text="−").click()
+    panel.get_by_text("scaling to 2 engine(s): done").wait_for(timeout=120_000)
+    assert "cluster: 2 engine(s)" in panel.inner_text()
+    screenshot(lab_page, "widgets-cluster.png")
