@@ -67,9 +67,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"== {name}: {script} missing, skipped")
             continue
         sections[name] = run_section(name, script, args.quick)
-    results["total_s"] = time.perf_counter() - started
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps(results, indent=2, sort_keys=True, default=float) + "\n")
+        # Written after every section: an interrupted run keeps what it measured.
+        results["total_s"] = time.perf_counter() - started
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(results, indent=2, sort_keys=True, default=float) + "\n")
     table = render_markdown(results["machine"], summarize(sections))
     (RESULTS / f"{machine_kind()}.md").write_text(table + "\n")
     update_readme(table)

@@ -9,6 +9,7 @@ This file doubles as the worker script for the multi-process tests:
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import subprocess
@@ -235,7 +236,8 @@ def procs():
 
 def results(p, timeout=60):
     out, err = p.communicate(timeout=timeout)
-    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    # Both ranks write to one pipe: their lines can run together, so split on the objects.
+    lines = [json.loads(obj) for obj in re.findall(r"\{[^{}]*\}", out)]
     assert lines, f"rank printed nothing; rc={p.returncode}\n{err[-3000:]}"
     return lines
 
@@ -309,7 +311,8 @@ def test_mpi_under_mpiexec(scenario):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
     assert proc.returncode == 0, err[-3000:]
-    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    # Both ranks write to one pipe: their lines can run together, so split on the objects.
+    lines = [json.loads(obj) for obj in re.findall(r"\{[^{}]*\}", out)]
     if scenario == "ops":
         assert sorted(line["rank"] for line in lines if line.get("ok")) == [0, 1]
     else:
