@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import json
 
-import psutil
 import pytest
+from conftest import assert_all_gone
 from browser_support import (  # noqa: F401  (fixtures)
     StepClock,
     lab_page,
@@ -109,15 +109,7 @@ def _assert_run_done(panel) -> None:
 
 
 def _assert_gone(pids: list[int], timeout: float = 30.0) -> None:
-    procs = []
-    for pid in pids:
-        try:
-            procs.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=timeout)
-    alive = [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
-    assert not alive, f"cluster processes still running: {[p.pid for p in alive]}"
+    assert_all_gone(pids, timeout=timeout)
 
 
 def test_panel_follows_a_real_cluster_run_scale_and_network(lab_server, lab_page):

@@ -76,6 +76,7 @@ def find_mpiexec() -> str:
 
 
 def memory_mb(pid: int | None, host: str) -> float | None:
+    """Resident memory of a process on this host, in MB (``None`` for remote or gone ones)."""
     if not pid or host != socket.gethostname():
         return None
     try:

@@ -39,6 +39,9 @@ class StepHooks:
         self._handles: list = []
         self._orig_init: Callable | None = None
         self._primary: int | None = None
+        # On one rank these strategies change nothing: skip them so a one-worker run costs what
+        # a plain loop costs (EASGD is not the identity on one rank: its centre still pulls).
+        self._identity = run.world_size == 1 and run.strategy_spec in ("allreduce", "localsgd", "none")
 
     def install(self) -> None:
         import torch
@@ -83,6 +86,8 @@ class StepHooks:
     def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if id(optimizer) not in self.run.strategies:
             self.attach(optimizer)  # created before the cell started (shipped from the notebook)
+        if self._identity:
+            return
         strategy = self.run.strategies[id(optimizer)]
         params = _optimizer_params(optimizer)
         if strategy.averages_gradients and self.run.ddp_param_ids:
@@ -92,9 +97,10 @@ class StepHooks:
         strategy.before_step(params, self.run.steps)
 
     def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        strategy = self.run.strategies[id(optimizer)]
-        # Strategies take the 0-based index of the step just taken (the same one before_step saw).
-        strategy.after_step(_optimizer_params(optimizer), self.run.steps)
+        if not self._identity:
+            strategy = self.run.strategies[id(optimizer)]
+            # Strategies take the 0-based index of the step just taken (as before_step saw it).
+            strategy.after_step(_optimizer_params(optimizer), self.run.steps)
         if id(optimizer) == self._primary:
             self.run.steps += 1
             if self.run.metrics is not None:

@@ -14,7 +14,6 @@ Example::
 from __future__ import annotations
 
 import html
-import socket
 from typing import Any, Callable, Mapping, Sequence
 
 COLUMNS = ("rank", "host", "device", "state", "memory_mb", "step")
@@ -25,14 +24,9 @@ _STATE_COLOURS = {"idle": "#2e7d32", "busy": "#1565c0", "starting": "#8d6e00",
 
 def local_memory_mb(pid: int | None, host: str | None) -> float | None:
     """Resident memory of a process on this host, in MB (``None`` for remote or gone ones)."""
-    if not pid or host != socket.gethostname():
-        return None
-    try:
-        import psutil
+    from ..cluster import memory_mb
 
-        return round(psutil.Process(pid).memory_info().rss / 2**20, 1)
-    except Exception:
-        return None
+    return memory_mb(pid, host or "")
 
 
 def merge_rows(engines: Sequence[Mapping[str, Any]], steps: Mapping[int, int], running: int = 0,
