@@ -308,14 +308,7 @@ def test_run_display_shows_the_live_view_in_a_widget_frontend(monkeypatch):
 
 # --- real cluster ----------------------------------------------------------------------------------
 
-SETUP = """
-import torch
-from phalanx import log
-torch.manual_seed(0)
-X = torch.randn(64, 5)
-y = X @ torch.arange(1.0, 6.0) + 0.3
-model = torch.nn.Linear(5, 1)
-"""
+from test_fit import SETUP  # the same data and model as the fit tests  # noqa: E402
 
 LOOP = """
 opt = torch.optim.SGD(model.parameters(), lr=0.05)

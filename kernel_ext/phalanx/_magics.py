@@ -16,7 +16,6 @@ from ._session import session_for_shell
 from .cluster import ClusterError, GpuSpecError
 from .fit import FitOptions, FitUsageError, ShippingError
 from .fit._errors import VersionSkewError
-from .widgets import RunDisplay
 
 CLUSTER_ACTIONS = ("start", "scale", "stop", "status", "restart")
 
@@ -118,6 +117,8 @@ class PhalanxMagics(Magics):
                                     checkpoint_every=args.checkpoint_every,
                                     checkpoint_dir=args.checkpoint_dir, resume=args.resume,
                                     max_restarts=args.max_restarts)
+            from .widgets import RunDisplay  # bokeh and ipywidgets: loaded on the first run, not at %load_ext
+
             shown = RunDisplay(self.session, self.shell, widget=opts.widget)
             try:
                 self.session.distributed_fit(cell, opts, self.shell.user_ns, on_start=shown.start)
