@@ -4,6 +4,18 @@
 ``%%distributed_fit`` cell, ``from phalanx import log, allreduce, broadcast, barrier, wrap,
 steps``.
 
+Your own sync rule: subclass ``SyncStrategy`` in a notebook cell and pass its name to the magic
+(``%%distributed_fit --sync EveryThird``); ``param_values``, ``param_grads``, ``latest_metrics``
+and the ``Communicator`` it receives as ``self.comm`` are what it works with (see
+:mod:`phalanx.runtime` for the rules and an example)::
+
+    from phalanx import SyncStrategy, param_values
+
+    class EveryThird(SyncStrategy):
+        def after_step(self, params, step):       # after opt.step(), on every rank
+            if step % 3 == 2:
+                self.comm.allreduce(param_values(params), op="mean")
+
 Importing phalanx is cheap and side-effect free (engines import it too): the kernel-side parts
 are loaded on first use.
 """
@@ -12,12 +24,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from .runtime import allreduce, barrier, broadcast, bytes_sent, log, steps, wrap
+from .runtime import allreduce, barrier, broadcast, bytes_sent, latest_metrics, log, steps, wrap
 
 __version__ = "0.1.0"
-__all__ = ["log", "allreduce", "broadcast", "barrier", "wrap", "bytes_sent", "steps", "last_run", "manifest",
+__all__ = ["log", "allreduce", "broadcast", "barrier", "wrap", "bytes_sent", "steps", "latest_metrics",
+           "SyncStrategy", "param_values", "param_grads", "Communicator", "last_run", "manifest",
            "cluster_widget", "data_parallel", "get_session", "load_ipython_extension",
            "unload_ipython_extension"]
+
+
+def __getattr__(name: str) -> Any:
+    from . import runtime
+
+    if name in runtime._STRATEGY_API:  # loaded on first use: they import numpy
+        return getattr(runtime, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def get_session() -> Any:

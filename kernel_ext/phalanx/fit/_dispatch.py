@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 from ._options import FitOptions, FitUsageError
 from ._shipping import check_same_rows, content_hash, pack, resolve_names, split_rows
+from ._strategy import notebook_strategy
 
 INJECTED = ("rank", "world_size", "device")
 
@@ -25,6 +26,7 @@ class Prepared:
     hashes: dict[str, str]
     shard_blobs: list[bytes]
     data_manifest: dict[str, dict] = field(default_factory=dict)
+    strategy: str | None = None   # the shipped notebook name --sync refers to, if it is one
 
 
 def describe(value: Any) -> dict:
@@ -46,7 +48,10 @@ def prepare(body: str, opts: FitOptions, user_ns: Mapping[str, Any], world_size:
     missing = [s for s in opts.shard if s not in user_ns]
     if missing:
         raise NameError(f"--shard names {', '.join(map(repr, missing))}, not defined in the notebook")
+    strategy = notebook_strategy(opts.sync, user_ns)
     shipped = resolve_names(body, user_ns, injected=set(INJECTED) | set(opts.shard))
+    if strategy is not None:
+        shipped[strategy] = user_ns[strategy]  # shipped like any notebook class, by value
     shards = {s: user_ns[s] for s in opts.shard}
     check_same_rows(shards)
     parts = {s: split_rows(s, v, world_size) for s, v in shards.items()}
@@ -62,7 +67,7 @@ def prepare(body: str, opts: FitOptions, user_ns: Mapping[str, Any], world_size:
     for s, value in shards.items():
         data[s] = {**describe(value), "hash": content_hash(cloudpickle.dumps(value)),
                    "sharded": True}
-    return Prepared(blobs, hashes, shard_blobs, data)
+    return Prepared(blobs, hashes, shard_blobs, data, strategy)
 
 
 def choose_backend(opts: FitOptions, slots: list, launcher: str) -> str:

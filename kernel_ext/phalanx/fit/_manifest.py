@@ -56,7 +56,9 @@ def build_manifest(opts: Any, slots: list, backend: str, prepared: Any, versions
         "devices": [s.device or "cpu" for s in slots],
         "hosts": [s.host for s in slots],
         "backend": backend,
-        "strategy": {"name": opts.sync, "every": opts.every, "alpha": opts.alpha},
+        "strategy": {"name": opts.sync, "every": opts.every, "alpha": opts.alpha,
+                     # a notebook class: its content hash is under "data" with the other names
+                     "notebook": getattr(prepared, "strategy", None)},
         "seed": opts.seed,
         "steps": {str(r): s for r, s in record.steps.items()},
         "data": prepared.data_manifest,

@@ -64,9 +64,11 @@ class FitOptions:
               widget: bool = True, checkpoint_every: Any = None, checkpoint_dir: str | None = None,
               resume: bool = False, max_restarts: Any = 0) -> "FitOptions":
         """Check every flag and return the options, or raise :class:`FitUsageError`."""
-        if sync not in STRATEGIES and not _DOTTED.match(sync or ""):
-            raise FitUsageError(f"unknown --sync {sync!r}: use one of {', '.join(STRATEGIES)} "
-                                "or the dotted name of your own SyncStrategy class (pkg.mod.Class)")
+        # A plain name may be a notebook class: the runner checks it against the notebook.
+        if sync not in STRATEGIES and not (_IDENT.match(sync or "") or _DOTTED.match(sync or "")):
+            raise FitUsageError(f"unknown --sync {sync!r}: use one of {', '.join(STRATEGIES)}, the "
+                                "name of a SyncStrategy subclass defined in the notebook, or the "
+                                "dotted name of an installed one (pkg.mod.Class)")
         if backend not in BACKENDS:
             raise FitUsageError(f"unknown --backend {backend!r}: use one of {', '.join(BACKENDS)}")
         _positive_int(every, "--every")

@@ -241,7 +241,8 @@ class FitRunner(Recovery):
                           "control": self._control_path(job)}
         return [{"run_id": job.run_id, "rank": r, "world_size": len(slots), "body": job.body,
                  "names": sorted(prepared.blobs), "group": {**group, "rank": r},
-                 "metrics_address": receiver.address, "sync": opts.sync, "every": opts.every,
+                 "metrics_address": receiver.address, "sync": prepared.strategy or opts.sync,
+                 "sync_from_notebook": prepared.strategy is not None, "every": opts.every,
                  "alpha": opts.alpha, "seed": opts.seed, "returns": list(opts.returns),
                  "return_all": False, "checkpoint": checkpoint}
                 for r in range(len(slots))]

@@ -1,7 +1,42 @@
 """Engine runtime: what a ``%%distributed_fit`` cell can use on the engines.
 
 Imports neither IPython nor ipywidgets: it runs in plain engine processes.
+
+Your own sync strategy
+----------------------
+Subclass :class:`SyncStrategy` and override its hooks (``start``, ``before_step`` after
+backward, ``after_step`` after ``opt.step()``, ``finish``).  ``self.comm`` is the run's
+:class:`Communicator` (``allreduce``, ``broadcast``, ``barrier`` on lists of tensors/arrays, in
+place); ``param_values(params)`` and ``param_grads(params)`` are the arrays to reduce;
+``latest_metrics()`` is what this rank last logged with ``log()``.  Every rank must make the same
+collective calls in the same order, so decide *when* from the step, from ``self.every`` /
+``self.alpha`` (``--every``, ``--alpha``), or from values first agreed through ``self.comm``.
+Define the class in a notebook cell and pass its name: ``%%distributed_fit --sync EveryThird``.
+
+Example (two ranks as threads, with the in-process communicator used for testing strategies)::
+
+    >>> import threading, numpy as np
+    >>> from phalanx import SyncStrategy, param_values
+    >>> from phalanx.runtime._comm import make_thread_communicators
+    >>> class EveryThird(SyncStrategy):
+    ...     def after_step(self, params, step):
+    ...         if step % 3 == 2:
+    ...             self.comm.allreduce(param_values(params), op="mean")
+    >>> comms = make_thread_communicators(2)
+    >>> ws = [np.array([float(c.rank)]) for c in comms]
+    >>> def train(comm, w):
+    ...     strategy = EveryThird(comm)
+    ...     for step in range(3):
+    ...         w += 1.0                      # a local optimizer step
+    ...         strategy.after_step([w], step)
+    >>> threads = [threading.Thread(target=train, args=cw) for cw in zip(comms, ws)]
+    >>> for t in threads: t.start()
+    >>> for t in threads: t.join()
+    >>> [w.item() for w in ws]
+    [3.5, 3.5]
 """
+
+from importlib import import_module
 
 from ._collectives import allreduce, barrier, broadcast
 from ._hooks import wrap
@@ -9,7 +44,18 @@ from ._resume import steps
 from ._state import NotInRunError, current_run
 
 __all__ = ["log", "allreduce", "broadcast", "barrier", "wrap", "bytes_sent", "steps",
+           "latest_metrics", "SyncStrategy", "param_values", "param_grads", "Communicator",
            "NotInRunError"]
+
+# What a strategy needs, loaded on first use: importing phalanx must stay cheap (no numpy).
+_STRATEGY_API = {"SyncStrategy": "._sync", "param_values": "._sync", "param_grads": "._sync",
+                 "Communicator": "._comm"}
+
+
+def __getattr__(name: str) -> object:
+    if name in _STRATEGY_API:
+        return getattr(import_module(_STRATEGY_API[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def log(**metrics: object) -> None:
@@ -27,6 +73,28 @@ def log(**metrics: object) -> None:
     # With no optimizer step yet (or none at all) the row is placed by its log call number.
     step = run.steps if run.strategies or run.steps else run.log_calls
     run.metrics.record(step, metrics)
+
+
+def latest_metrics() -> dict[str, float]:
+    """The last value of each metric this rank logged with ``log()`` in the current run.
+
+    For sync strategies that decide from the loop's metrics.  The values are this rank's own:
+    agree on them through the communicator before they choose a collective, or the ranks would
+    call different ones.  A loop that logs after ``opt.step()`` is seen by the next step's hooks.
+
+    Example (a strategy that averages parameters only while the loss is not improving)::
+
+        class SyncOnPlateau(SyncStrategy):
+            best = float("inf")
+            def after_step(self, params, step):
+                loss = np.array([latest_metrics().get("loss", np.inf)])
+                self.comm.allreduce(loss, op="mean")          # one number: every rank agrees
+                if loss.item() > 0.99 * self.best:
+                    self.comm.allreduce(param_values(params), op="mean")
+                self.best = min(self.best, loss.item())
+    """
+    run = current_run()
+    return dict(getattr(run.metrics, "latest", None) or {})
 
 
 def bytes_sent() -> int:

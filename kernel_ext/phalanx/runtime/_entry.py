@@ -50,7 +50,7 @@ def run_cell(spec: dict, shard_blob: bytes | None) -> dict:
     try:
         namespace = _namespace(spec, shard_blob)
         group = _ensure_group(state, spec)
-        run = _new_run(spec, group)
+        run = _new_run(spec, group, namespace)
         run.namespace = namespace
         run.checkpoints = make_checkpointer(spec.get("checkpoint"), spec["rank"], spec["world_size"])
         state.run = run
@@ -134,12 +134,14 @@ def _ensure_group(state: Any, spec: dict) -> Any:
     return state.group
 
 
-def _new_run(spec: dict, group: Any) -> RunContext:
+def _new_run(spec: dict, group: Any, namespace: dict) -> RunContext:
     from ._collectives import Collectives
     from ._metrics import MetricsSender
 
+    # A notebook-defined strategy arrives as a shipped name: this run's copy of the class.
+    strategy = namespace[spec["sync"]] if spec.get("sync_from_notebook") else spec["sync"]
     run = RunContext(run_id=spec["run_id"], rank=spec["rank"], world_size=spec["world_size"],
-                     device=_device(spec), strategy_spec=spec["sync"], every=spec["every"],
+                     device=_device(spec), strategy_spec=strategy, every=spec["every"],
                      alpha=spec["alpha"])
     run.collectives = Collectives(group)
     run.bytes_at_start = run.collectives.bytes_sent

@@ -54,6 +54,7 @@ class MetricsSender:
         self._warnings: list[str] = []
         self._warned: set[str] = set()
         self._step = 0
+        self.latest: dict[str, float] = {}  # last value per metric, read by sync strategies
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="phalanx-metrics", daemon=True)
@@ -68,6 +69,7 @@ class MetricsSender:
                 self._warn_once(name, value)
                 continue
             clean[name] = number
+        self.latest.update(clean)
         with self._lock:
             self._rows.append([step, time.time(), clean])
 

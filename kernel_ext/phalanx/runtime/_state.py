@@ -25,7 +25,7 @@ class RunContext:
     rank: int
     world_size: int
     device: Any
-    strategy_spec: str = "allreduce"
+    strategy_spec: Any = "allreduce"    # a built-in name, "pkg.mod.Class", or a shipped class
     every: int = 1
     alpha: float = 0.5
     steps: int = 0                      # optimizer steps (or partial_fit calls) so far
