@@ -10,29 +10,19 @@ import pytest
 from IPython.core.error import UsageError
 
 from conftest import run_cell
+from test_fit import LOOP as FIT_LOOP, SETUP as FIT_SETUP  # the fit tests' data and loop
 
 pytestmark = pytest.mark.cluster
 
-SETUP = """
-import torch, numpy as np
-from phalanx import SyncStrategy, param_values, latest_metrics, log
-torch.manual_seed(0)
-X = torch.randn(64, 5)
-y = X @ torch.arange(1.0, 6.0) + 0.3
-model = torch.nn.Linear(5, 1)
-"""
+SETUP = FIT_SETUP + "from phalanx import SyncStrategy, param_values, latest_metrics\nSTEPS = 12\n"
 
-# Logs every parameter after each step, so the kernel sees whether the ranks agree.
-LOOP = """%%distributed_fit --shard X,y --sync Periodic
-opt = torch.optim.SGD(model.parameters(), lr=0.05)
-for step in range(12):
-    opt.zero_grad()
-    loss = ((model(X).squeeze(1) - y) ** 2).mean()
-    loss.backward()
-    opt.step()
-    flat = torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
-    log(loss=loss.item(), **{f"w{i}": v for i, v in enumerate(flat)})
-"""
+# The fit tests' loop, logging every parameter after each step so the kernel sees whether the
+# ranks agree.
+LOOP = "%%distributed_fit --shard X,y --sync Periodic\n" + FIT_LOOP.replace(
+    "    log(loss=loss.item())",
+    "    flat = torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()\n"
+    "    log(loss=loss.item(), **{f\"w{i}\": v for i, v in enumerate(flat)})")
+assert "flat" in LOOP  # the fit tests' loop still logs where we expect
 
 
 def periodic(period: int) -> str:
