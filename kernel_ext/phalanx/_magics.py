@@ -84,7 +84,8 @@ class PhalanxMagics(Magics):
     @magic_arguments()
     @argument("target", nargs="?", default=None, help="(line form) a learning-network node to fit")
     @argument("-n", type=int, default=None, help="ranks to run on (default: every engine)")
-    @argument("--sync", default="allreduce", help="allreduce | localsgd | easgd | none | pkg.mod.Class")
+    @argument("--sync", default="allreduce",
+              help="allreduce | localsgd | easgd | none | NotebookClass | pkg.mod.Class")
     @argument("--every", type=int, default=1, help="K: steps between synchronisations")
     @argument("--alpha", type=float, default=0.5, help="EASGD moving rate")
     @argument("--backend", default="auto", help="auto | nccl | gloo | mpi")
