@@ -120,6 +120,26 @@ class Periodic(SyncStrategy):
     assert _synced_steps(notebook.last_run().history.rows()) == list(range(1, 13))
 
 
+def test_a_failing_strategy_names_its_rank_and_the_next_run_works(notebook, shell):
+    from phalanx.fit import DistributedFitError
+
+    run_cell(shell, """
+class Periodic(SyncStrategy):
+    def after_step(self, params, step):
+        if step == 4 and self.comm.rank == 1:
+            raise ValueError("the strategy gave up on rank 1")
+        self.comm.allreduce(param_values(params), op="mean")
+""")
+    with pytest.raises(DistributedFitError) as info:
+        run_cell(shell, LOOP)
+    message = str(info.value)
+    assert info.value.rank == 1 and "ValueError: the strategy gave up on rank 1" in message
+    assert "after_step" in message  # the traceback reaches into the notebook's class
+    run_cell(shell, periodic(3))
+    run_cell(shell, LOOP)
+    assert _synced_steps(notebook.last_run().history.rows()) == [3, 6, 9, 12]
+
+
 BAD = {
     "seven = 7": ("seven", r"--sync seven: 'seven' is an int \(7\), not a SyncStrategy subclass; "
                            r"pass the name of a class defined as `class MySync\(SyncStrategy\)"),
