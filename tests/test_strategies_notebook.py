@@ -185,3 +185,27 @@ def test_public_strategy_api_and_its_examples():
         assert result.failed == 0 and result.attempted > 0, module.__name__
     with pytest.raises(phalanx.runtime.NotInRunError):
         phalanx.latest_metrics()
+
+
+def test_learning_network_machine_takes_a_notebook_strategy_class(notebook, shell):
+    import phalanx
+    from phalanx.fit import FitUsageError
+    from phalanx.network import machine, source
+    from test_data_parallel import TorchRegressor
+
+    run_cell(shell, periodic(5))
+    strategy = shell.user_ns["Periodic"]
+    rng = np.random.default_rng(0)
+    X_data = rng.normal(size=(40, 3))
+    X, y = source(X_data, name="X"), source(X_data @ np.ones(3), name="y")
+    runner = phalanx.data_parallel(sync=strategy, session=notebook)
+    reg = machine(TorchRegressor(epochs=10), X, y, name="dp", fit_runner=runner)
+    assert notebook.fit_network(reg.predict(X)).actions == {"dp": "fit"}
+    rows = notebook.last_run().history.rows()
+    for rank in (0, 1):
+        assert _column(rows, rank, "after_hook") == list(range(10))
+    assert notebook.last_run().manifest["strategy"]["notebook"] == "Periodic"
+    with pytest.raises(TypeError, match="takes a strategy name or a SyncStrategy subclass, got int"):
+        phalanx.data_parallel(sync=7)
+    with pytest.raises(FitUsageError, match="class 'dict' .* does not subclass phalanx.SyncStrategy"):
+        phalanx.data_parallel(sync=dict)
