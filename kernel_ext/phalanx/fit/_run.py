@@ -271,7 +271,9 @@ def _exact_steps(tracker: RunTracker, results: dict) -> dict[int, int]:
 
 
 def _local(slot: Any) -> bool:
-    return slot.address.startswith("127.") or slot.host == os.uname().nodename
+    from ..cluster import on_this_host
+
+    return on_this_host(slot)
 
 
 def _remote_address(slots: list) -> str:
