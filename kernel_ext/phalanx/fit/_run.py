@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import itertools
 import os
-import shutil
-import tempfile
 import time
 import uuid
 from typing import Any, Callable
 
 from .. import events
+from .._scratch import ScratchDir, reap_orphans
 from ..runtime._entry import run_cell, stash_objects
 from ._checkpoints import Lineage, choose_lineage, warn_if_unused
 from ._dispatch import Prepared, choose_backend, prepare, reachable_ip
@@ -48,7 +47,10 @@ class FitRunner(Recovery):
         self._sent: dict[str, dict[str, str]] = {}    # slot id -> {shipped name: content hash}
         self._versions: dict[tuple, list[dict]] = {}
         self._receiver: MetricsReceiver | None = None
-        self._store_dir = tempfile.mkdtemp(prefix="phalanx-rdzv-")  # 0700: owner only
+        # The one-host rendezvous lives in a private directory made at the first run; it goes
+        # when the kernel goes, and a killed kernel's is removed here by the next one.
+        reap_orphans()
+        self._scratch = ScratchDir("rdzv")
         self._tcp_store: Any = None
         self._lineage: Lineage | None = None          # the last run's checkpoints (for --resume)
         self._job: Job | None = None
@@ -56,6 +58,10 @@ class FitRunner(Recovery):
         self.active: RunTracker | None = None
         self.active_name: str | None = None
         self.last: RunRecord | None = None
+
+    @property
+    def _store_dir(self) -> str:
+        return self._scratch.path  # 0700: owner only
 
     # --- public -----------------------------------------------------------------------------
 
@@ -93,7 +99,7 @@ class FitRunner(Recovery):
             self._receiver.close()
             self._receiver = None
         self._tcp_store = None
-        shutil.rmtree(self._store_dir, ignore_errors=True)
+        self._scratch.remove()
 
     # --- attempts ---------------------------------------------------------------------------
 

@@ -109,7 +109,12 @@ def _start(ipp: Any, targets: list[int], remote: str | None, tls: bool,
     """A scheduler in the kernel, one worker per engine, and a client of that scheduler."""
     from distributed import Client as DaskClient, LocalCluster, Security
 
+    from .._scratch import ScratchDir
+
     security = Security.temporary() if tls else Security()
+    # dask's scratch space (its own and, on this host, the workers') in a directory of the
+    # kernel's that goes with it, rather than a dask-scratch-space left in /tmp for good.
+    scratch = ScratchDir("dask")
     # Locally everything binds to loopback; across hosts the scheduler listens on the kernel's
     # address towards the engines ("" when unknown: every interface), guarded by TLS.
     host = LOOPBACK if remote is None else remote
@@ -118,15 +123,20 @@ def _start(ipp: Any, targets: list[int], remote: str | None, tls: bool,
         security=security, dashboard_address=None,
         scheduler_kwargs={"dashboard": dashboard_address is not None,
                           # the scheduler's HTTP routes (health, metrics) stay on loopback too
-                          "dashboard_address": dashboard_address or f"{LOOPBACK}:0"})
+                          "dashboard_address": dashboard_address or f"{LOOPBACK}:0",
+                          "local_directory": scratch.path})
     try:
         ipp[targets].apply_sync(
             _start_engine_worker, scheduler.scheduler_address, nthreads=1, security=security,
-            host=LOOPBACK if remote is None else None, dashboard_address=f"{LOOPBACK}:0")
-        return DaskClient(scheduler, set_as_default=False)
+            host=LOOPBACK if remote is None else None, dashboard_address=f"{LOOPBACK}:0",
+            local_directory=scratch.path if remote is None else None)
+        client = DaskClient(scheduler, set_as_default=False)
+        client._phalanx_scratch = scratch
+        return client
     except BaseException:
         _close_workers(ipp, targets)
         scheduler.close()
+        scratch.remove()
         raise
 
 
@@ -155,6 +165,8 @@ def _stop(ipp: Any, client: Any) -> None:
         finally:
             if scheduler is not None:
                 scheduler.close()
+            if getattr(client, "_phalanx_scratch", None) is not None:
+                client._phalanx_scratch.remove()
 
 
 def _close_workers(ipp: Any, targets: list[int], wait_s: float = 10.0) -> None:
