@@ -24,6 +24,7 @@ Example::
 
 from __future__ import annotations
 
+import os
 import socket
 import uuid
 from collections.abc import Callable, Iterator
@@ -43,8 +44,8 @@ def dask_client(cluster: Any, timeout: float = 60.0, tls: bool | None = None,
 
     ``cluster`` is a dask ``Client`` (used as is), an ipyparallel ``Client``, or an object
     whose ``.client`` is one of those (the session's cluster manager).  ``tls`` defaults to
-    "engines on other hosts"; ``dashboard_address`` (e.g. ``"127.0.0.1:8787"``) turns dask's
-    dashboard on there.
+    "engines on other hosts"; ``dashboard_address`` (e.g. ``"127.0.0.1:8787"``, default: the
+    ``PHALANX_DASK_DASHBOARD`` environment variable) turns dask's dashboard on there.
 
     Example::
 
@@ -71,7 +72,7 @@ def dask_client(cluster: Any, timeout: float = 60.0, tls: bool | None = None,
         raise RuntimeError("the cluster has no engines to run dask workers on")
     remote = _engines_elsewhere(cluster, ipp, targets)
     client = _start(ipp, targets, remote, remote is not None if tls is None else tls,
-                    dashboard_address)
+                    dashboard_address or os.environ.get("PHALANX_DASK_DASHBOARD") or None)
     try:
         client.wait_for_workers(len(targets), timeout=timeout)
     except Exception:
@@ -116,7 +117,8 @@ def _start(ipp: Any, targets: list[int], remote: str | None, tls: bool,
     # kernel's that goes with it, rather than a dask-scratch-space left in /tmp for good.
     scratch = ScratchDir("dask")
     # Locally everything binds to loopback; across hosts the scheduler listens on the kernel's
-    # address towards the engines ("" when unknown: every interface), guarded by TLS.
+    # address towards the engines ("" when unknown: every interface) and each worker on its
+    # engine's address towards the scheduler, all guarded by TLS.
     host = LOOPBACK if remote is None else remote
     scheduler = LocalCluster(
         n_workers=0, processes=False, host=host, protocol="tls://" if tls else "tcp://",
@@ -142,13 +144,14 @@ def _start(ipp: Any, targets: list[int], remote: str | None, tls: bool,
 
 def _engines_elsewhere(cluster: Any, ipp: Any, targets: list[int]) -> str | None:
     """None when every engine runs on this host, else this host's address towards them."""
+    from distributed.utils import get_ip
+
     slots = getattr(cluster, "slots", None)
     if callable(slots):  # the session's cluster manager knows where each engine runs
         from ..cluster import on_this_host
-        from ..fit._dispatch import reachable_ip
 
         away = [s for s in slots() if not on_this_host(s)]
-        return reachable_ip(away[0].address) if away else None
+        return get_ip(away[0].address) if away else None
     hosts = ipp[targets].apply_sync(socket.gethostname)
     return None if set(hosts) == {socket.gethostname()} else ""
 
@@ -188,11 +191,19 @@ def _close_workers(ipp: Any, targets: list[int], wait_s: float = 10.0) -> None:
 # --- run in the engines (shipped by reference: engines import phalanx) --------------------------
 
 def _start_engine_worker(address: str, **worker_args: Any) -> None:
-    """Start a dask worker inside this engine's event loop (replacing a closed or stale one)."""
+    """Start a dask worker inside this engine's event loop (replacing a closed or stale one).
+
+    With no ``host`` the worker listens on this engine's address towards the scheduler: the
+    one interface the others can reach it on (not every interface, nor a default route that a
+    host on a private network may not have)."""
     import asyncio
 
     from distributed import Worker
+    from distributed.comm import get_address_host
+    from distributed.utils import get_ip
 
+    if worker_args.get("host") is None:
+        worker_args["host"] = get_ip(get_address_host(address))
     _close_engine_worker()
     kernel = _engine_kernel()
     kernel.distributed_worker = worker = Worker(address, **worker_args)
