@@ -18,7 +18,7 @@ import time
 import psutil
 import pytest
 
-from test_reliability_helpers import alive, figures  # noqa: F401
+from test_reliability_helpers import alive, figures, listening_sockets  # noqa: F401
 
 pytestmark = pytest.mark.cluster
 
@@ -128,6 +128,12 @@ def test_engines_in_two_network_namespaces_join_one_run(namespaces, tmp_path, fi
         session.distributed_fit(BODY, FitOptions.build(returns="total", widget=False), ns)
         assert ns["total"] == 6.0  # warm re-run across the namespaces
         _fit_a_network_over_tls(session)
+        # Here (the kernel, the controller, the local engine): loopback or the bridge address
+        # only; the one exception is torch's TCPStore, whose server binds every interface.
+        here = [os.getpid()] + [p for pids in session.cluster.process_ids().values() for p in pids]
+        wide = [s for s in listening_sockets(here) if s[1] not in ("127.0.0.1", "::1", KERNEL_IP)]
+        assert [s[2] for s in wide] in ([session.fits._tcp_store.port],
+                                        [session.fits._tcp_store.port] * 2), wide
     finally:
         session.close()
         _, left = psutil.wait_procs(spawned, timeout=15)

@@ -228,8 +228,9 @@ class FitRunner(Recovery):
         if self._receiver is None or (not local and self._receiver.address.startswith("tcp://127.")):
             if self._receiver is not None:
                 self._receiver.close()
+            # Across hosts: only the interface on the route to the engines, not every one.
             self._receiver = (MetricsReceiver("127.0.0.1") if local else
-                              MetricsReceiver("0.0.0.0", reachable_ip(_remote_address(slots))))
+                              MetricsReceiver(reachable_ip(_remote_address(slots))))
         return self._receiver
 
     def _specs(self, job: Job, slots: list, prepared: Prepared, plan: dict | None) -> list[dict]:
