@@ -10,9 +10,10 @@ exists, or belongs to a process started at another time.
 Example::
 
     >>> scratch = ScratchDir("rdzv")
-    >>> os.path.isdir(scratch.path)       # made on first use
+    >>> path = scratch.path               # made on first use (and again if used after remove)
+    >>> os.path.isdir(path)
     True
-    >>> scratch.remove(); os.path.exists(scratch.path)
+    >>> scratch.remove(); os.path.exists(path)
     False
 """
 
