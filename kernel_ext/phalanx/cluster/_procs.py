@@ -7,6 +7,7 @@ touch processes and ipyparallel's client, never the manager's state.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import socket
 import sys
@@ -41,6 +42,11 @@ ADOPTED = "adopted:"  # engine set id of an engine phalanx did not start
 
 def is_adopted(slot: Any) -> bool:
     return slot.engine_set_id.startswith(ADOPTED)
+
+
+def on_this_host(slot: Any) -> bool:
+    """Whether an engine runs on this machine (by machine identity, or a loopback address)."""
+    return slot.address.startswith("127.") or slot.host == os.uname().nodename
 
 
 def local_pids(slots: Any) -> list[int]:

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import itertools
 import os
-import shutil
-import tempfile
 import time
 import uuid
 from typing import Any, Callable
 
 from .. import events
+from .._scratch import ScratchDir, reap_orphans
 from ..runtime._entry import run_cell, stash_objects
 from ._checkpoints import Lineage, choose_lineage, warn_if_unused
 from ._dispatch import Prepared, choose_backend, prepare, reachable_ip
@@ -48,7 +47,10 @@ class FitRunner(Recovery):
         self._sent: dict[str, dict[str, str]] = {}    # slot id -> {shipped name: content hash}
         self._versions: dict[tuple, list[dict]] = {}
         self._receiver: MetricsReceiver | None = None
-        self._store_dir = tempfile.mkdtemp(prefix="phalanx-rdzv-")  # 0700: owner only
+        # The one-host rendezvous lives in a private directory made at the first run; it goes
+        # when the kernel goes, and a killed kernel's is removed here by the next one.
+        reap_orphans()
+        self._scratch = ScratchDir("rdzv")
         self._tcp_store: Any = None
         self._lineage: Lineage | None = None          # the last run's checkpoints (for --resume)
         self._job: Job | None = None
@@ -56,6 +58,10 @@ class FitRunner(Recovery):
         self.active: RunTracker | None = None
         self.active_name: str | None = None
         self.last: RunRecord | None = None
+
+    @property
+    def _store_dir(self) -> str:
+        return self._scratch.path  # 0700: owner only
 
     # --- public -----------------------------------------------------------------------------
 
@@ -93,7 +99,7 @@ class FitRunner(Recovery):
             self._receiver.close()
             self._receiver = None
         self._tcp_store = None
-        shutil.rmtree(self._store_dir, ignore_errors=True)
+        self._scratch.remove()
 
     # --- attempts ---------------------------------------------------------------------------
 
@@ -222,8 +228,9 @@ class FitRunner(Recovery):
         if self._receiver is None or (not local and self._receiver.address.startswith("tcp://127.")):
             if self._receiver is not None:
                 self._receiver.close()
+            # Across hosts: only the interface on the route to the engines, not every one.
             self._receiver = (MetricsReceiver("127.0.0.1") if local else
-                              MetricsReceiver("0.0.0.0", reachable_ip(_remote_address(slots))))
+                              MetricsReceiver(reachable_ip(_remote_address(slots))))
         return self._receiver
 
     def _specs(self, job: Job, slots: list, prepared: Prepared, plan: dict | None) -> list[dict]:
@@ -272,7 +279,9 @@ def _exact_steps(tracker: RunTracker, results: dict) -> dict[int, int]:
 
 
 def _local(slot: Any) -> bool:
-    return slot.address.startswith("127.") or slot.host == os.uname().nodename
+    from ..cluster import on_this_host
+
+    return on_this_host(slot)
 
 
 def _remote_address(slots: list) -> str:
