@@ -8,7 +8,7 @@ PIP    := $(PY) -m pip --disable-pip-version-check
 STAMP  := $(VENV)/.phalanx-installed
 PYTEST_ARGS ?=
 
-.PHONY: setup lab test demo bench chromium clean
+.PHONY: setup lab lab-command test demo bench chromium clean
 
 # The lab panel's sources: an edit to any of them re-runs the install, which rebuilds the panel
 # and copies it where JupyterLab loads it from.
@@ -34,8 +34,15 @@ chromium:
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium >/dev/null; }
 
+# `jupyter lab` that also runs as root and ends by printing the address with its token.
+# tests/test_lab.py runs this very line, read through `make -s lab-command`.
+LAB := $(PY) scripts/lab.py notebooks/01-quickstart.ipynb
+
 lab: setup
-	$(VENV)/bin/jupyter lab notebooks/01-quickstart.ipynb
+	$(LAB)
+
+lab-command:
+	@echo '$(LAB)'
 
 # The panel's TypeScript unit tests first (seconds), then the Python suite.
 test: setup chromium
