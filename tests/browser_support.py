@@ -260,14 +260,17 @@ def execute_command(page, command: str, args: dict | None = None) -> None:
                   [command, args or {}])
 
 
-def run_all_cells(page) -> None:
-    """Run every cell of the current notebook and wait for the kernel to go idle again."""
+def run_all_cells(page, timeout_ms: int = 240_000) -> None:
+    """Run every cell of the current notebook and wait for the kernel to go idle again.
+
+    The wait covers every cell, a cluster start included: minutes on a busy machine.
+    """
     execute_command(page, "notebook:run-all-cells")
     # Every prompt of this notebook shows an execution count: "[*]" means still queued.
     page.wait_for_function(
         """() => [...window.jupyterapp.shell.currentWidget.node.querySelectorAll('.jp-InputPrompt')]
-                 .every(p => /\\[\\d+\\]/.test(p.textContent))""", timeout=60_000)
-    wait_for_kernel_idle(page)
+                 .every(p => /\\[\\d+\\]/.test(p.textContent))""", timeout=timeout_ms)
+    wait_for_kernel_idle(page, timeout_ms)
 
 
 def run_cell(page, index: int, timeout_ms: int = 180_000) -> str:

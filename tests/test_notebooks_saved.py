@@ -60,3 +60,18 @@ def test_saved_outputs_render_without_a_kernel(name):
     assert (NOTEBOOKS / name).stat().st_size < MAX_BYTES
     # What a reader comes for: a result drawn as a picture or a table, not only text.
     assert any({"image/png", "text/html", "image/svg+xml"} & set(o.get("data", {})) for o in outputs), name
+
+
+@pytest.mark.parametrize("name", list(_build.NOTEBOOKS))
+def test_nbviewer_rendering_keeps_every_picture(name):
+    """nbviewer renders with nbconvert's HTML exporter: the saved pictures must come through."""
+    from nbconvert import HTMLExporter
+
+    nb = _saved(name)
+    outputs = _outputs(nb)
+    pictures = sum("image/png" in o.get("data", {}) for o in outputs) + sum(
+        str(o.get("data", {}).get("text/html", "")).count("data:image/png") for o in outputs)
+    drawings = sum("<svg" in str(o.get("data", {}).get("text/html", "")) for o in outputs)
+    html, _ = HTMLExporter().from_notebook_node(nb)
+    assert html.count("data:image/png;base64") >= pictures
+    assert html.count("<svg") >= drawings
