@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ._launchers import ClusterError
+from ._locality import is_local
 
 log = logging.getLogger("phalanx")
 
@@ -45,8 +46,7 @@ def is_adopted(slot: Any) -> bool:
 
 def local_pids(slots: Any) -> list[int]:
     """Pids phalanx may kill: only of engines on this host (a remote pid is someone else's)."""
-    here = socket.gethostname()
-    return [s.pid for s in slots if s.pid and s.host in ("", here)]
+    return [s.pid for s in slots if s.pid and is_local(s)]
 
 
 def shutdown_engines(client: Any, engine_ids: list, wait_s: float = 5.0) -> None:
