@@ -41,14 +41,8 @@ def slurm():
 
 
 @pytest.fixture
-def session(shell, slurm):
-    from phalanx._session import session_for_shell
-
-    session = session_for_shell(shell)
-    if session.cluster.running:
-        session.stop_cluster()
-    yield session
-    session.stop_cluster()
+def session(no_cluster, slurm):
+    return no_cluster
 
 
 def test_slurm_engines_train_scale_and_stop(session, shell, slurm, figures):

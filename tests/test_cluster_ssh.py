@@ -18,6 +18,7 @@ from IPython.core.error import UsageError
 
 from conftest import run_cell
 from test_reliability_helpers import figures, wait_for  # noqa: F401
+from test_reliability_netns import BODY
 
 pytestmark = pytest.mark.cluster
 
@@ -118,26 +119,8 @@ def _profile(folder) -> str:
 
 
 @pytest.fixture
-def session(shell, hosts):
-    from phalanx._session import session_for_shell
-
-    session = session_for_shell(shell)
-    if session.cluster.running:
-        session.stop_cluster()
-    yield session
-    session.stop_cluster()
-
-
-BODY = """%%distributed_fit --return total --no-widget
-import torch
-from phalanx import allreduce, log
-model = torch.nn.Linear(3, 1)
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-for step in range(4):
-    opt.zero_grad(); model(torch.full((2, 3), float(rank))).sum().backward(); opt.step()
-    log(step_rank=float(rank))
-total = allreduce(float(rank + 1), op="sum")
-"""
+def session(no_cluster, hosts):
+    return no_cluster
 
 
 def _remote_engine_pids() -> list[int]:
@@ -163,8 +146,9 @@ def test_engines_over_ssh_on_two_hosts_train_together(session, shell, hosts, fig
     assert sorted(s.address for s in slots) == [HERE, THERE]
     assert len({s.host for s in slots}) == 2  # the panel shows two hosts
     assert session.cluster.controller_ip == HERE  # the interface that routes to the engines
-    run_cell(shell, BODY)
-    assert shell.user_ns["total"] == 3.0
+    run_cell(shell, "%%distributed_fit --return total,transport --no-widget\n" + BODY)
+    assert shell.user_ns["total"] == 3.0  # both ranks took part
+    assert shell.user_ns["transport"] == "TorchCommunicator"  # no shared memory across hosts
     record = session.last_run()
     assert record.status == "done" and {r["rank"] for r in record.history.rows()} == {0, 1}
     assert session.fits._tcp_store is not None  # a rendezvous both hosts reach

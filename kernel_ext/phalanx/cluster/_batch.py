@@ -26,6 +26,9 @@ from ._launchers import ClusterError, LaunchOptions, RemoteLauncher
 # and the batch system's own message ("invalid partition specified") is what to show.
 _MERGED = 'exec "$0" "$@" 2>&1'
 POLL_S = 2.0
+# Slurm job states in which a job still holds (or waits for) its nodes
+LIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING",
+        "SIGNALING", "STAGE_OUT")
 
 
 class BatchLauncher(RemoteLauncher):
@@ -92,7 +95,7 @@ class SlurmLauncher(BatchLauncher):
         return match.group(2) or match.group(1)
 
     def job_state(self, job_id: str) -> tuple[str, str] | None:
-        """(state, reason) of a job still in the queue, ``None`` once it has left it."""
+        """(state, reason) of a job Slurm still knows about, ``None`` once it has forgotten it."""
         out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T|%r"], capture_output=True,
                              text=True, timeout=30).stdout.strip()
         if not out or "|" not in out:
@@ -113,17 +116,17 @@ class SlurmLauncher(BatchLauncher):
             return (f"Slurm job {job} is still pending after the start timeout; Slurm's reason: "
                     f"{reason}. phalanx cancelled it: ask for what the cluster can give "
                     "(--slurm-args, -n) or wait longer (--timeout)")
-        if state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING"):
+        if state not in LIVE:
             return f"Slurm job {job} is {state} ({reason}) and its engines did not register"
         return None
 
-    def after_stop(self, engine_set: Any, timeout: float = 30.0) -> None:
+    def after_stop(self, engine_set: Any, timeout: float = 60.0) -> None:
         job = getattr(engine_set, "job_id", "")
         deadline = time.monotonic() + timeout
-        while job and time.monotonic() < deadline:
-            found = self.job_state(job)
-            if found is None or found[0] in ("CANCELLED", "COMPLETED", "FAILED"):
-                return
+        while job and (self.job_state(job) or ("GONE",))[0] in LIVE:
+            if time.monotonic() > deadline:
+                raise ClusterError(f"Slurm job {job} is still in squeue {timeout:g} s after "
+                                   f"scancel: check it with squeue -j {job}")
             time.sleep(0.2)
 
 
@@ -139,3 +142,14 @@ class LsfLauncher(BatchLauncher):
     name = ipp_name = "lsf"
     submit = "bsub"
     system = "LSF"
+
+    def engine_kwargs(self, set_id: str, count: int, environment: dict[str, str]) -> dict:
+        # ipyparallel pipes the script into a bare `bsub`: flags cannot ride on the command
+        if self.submit_flags():
+            raise ClusterError("LSF reads its options from the job script: put them in the "
+                               "profile's c.LSFEngineSetLauncher.batch_template (#BSUB lines) "
+                               "instead of --lsf-args")
+        kwargs = RemoteLauncher.engine_kwargs(self, set_id, count, environment)
+        if self.profile_dir:
+            kwargs["batch_file_name"] = os.path.join(self.profile_dir, "log", f"lsf-{set_id}.sh")
+        return kwargs

@@ -188,19 +188,18 @@ class ClusterManager(StatusMixin, AdoptionMixin):
                 slot.state = "stopping"
         cluster, client, runner = self._cluster, self.client, self._runner
         self._cluster = self.client = self._runner = None
+        sets = list(cluster.engines.values()) if cluster is not None else []
         try:
             if client is not None:
                 shutdown_engines(client, asked)
                 client.close(linger=0)
             if cluster is not None and runner is not None:
-                sets = list(cluster.engines.values())
                 runner.run(cluster.stop_cluster(), timeout=30)
-                for engine_set in sets:
-                    self._launcher.after_stop(engine_set)
         except Exception as exc:  # keep going: what matters is that no process survives
             log.warning("phalanx: stopping the cluster raised %s; killing leftovers", exc)
         finally:
             kill_leftovers(pids)
+            self._await_gone(sets)
             if runner is not None:
                 runner.close()
             with self._lock:
@@ -208,6 +207,16 @@ class ClusterManager(StatusMixin, AdoptionMixin):
                 self._ranks = RankTable()
                 self.generation += 1
             self._on_change()
+
+    def _await_gone(self, sets: list) -> None:
+        """Return once the launcher no longer lists the stopped sets (a cancelled batch job
+        leaves the queue only after its processes ended)."""
+        for engine_set in sets:
+            try:
+                self._launcher.after_stop(engine_set)
+            except Exception as exc:
+                log.warning("phalanx: checking that %s is gone raised %s",
+                            self._launcher.set_name(engine_set), exc)
 
     # --- scaling ------------------------------------------------------------------------------
 
@@ -286,15 +295,15 @@ class ClusterManager(StatusMixin, AdoptionMixin):
         self._on_change()
         assert self._runner is not None
         shutdown_engines(self.client, [s.engine_id for s in doomed if self._ask_to_exit(s)])
-        for set_id in sets - {s.engine_set_id for s in doomed if is_adopted(s)}:
-            engine_set = self._cluster.engines.get(set_id)
+        launched = sets - {s.engine_set_id for s in doomed if is_adopted(s)}
+        stopping = [self._cluster.engines[s] for s in launched if s in self._cluster.engines]
+        for set_id in launched:
             try:
                 self._runner.run(self._cluster.stop_engines(set_id), timeout=30)
             except KeyError:
                 pass  # the set already exited on its own
-            if engine_set is not None:
-                self._launcher.after_stop(engine_set)
         kill_leftovers(pids)
+        self._await_gone(stopping)
 
     # --- adding engines -----------------------------------------------------------------------
 
