@@ -100,6 +100,9 @@ class Launcher:
         """A command that starts engines failed (batch launchers show the system's message)."""
         return ClusterError(f"the {self.name} launcher could not start engines: {exc}")
 
+    def forget(self, engine_set: Any) -> None:
+        """Let go of an engine set whose engines have all exited on request."""
+
     def after_stop(self, engine_set: Any, timeout: float = 30.0) -> None:
         """Wait, after ipyparallel stopped an engine set, until it is really gone."""
 

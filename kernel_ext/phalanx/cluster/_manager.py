@@ -29,13 +29,12 @@ from typing import Any, Callable
 from ._gpus import GpuSpec, assign_devices, default_engine_count, parse_gpu_spec, pinning_env, visible_gpus
 from ._loop import LoopThread
 from ._launchers import ClusterError, Launcher, LaunchOptions, make_launcher
-from ._locality import is_local
-from ._probe import pin_engine, warm_up
+from ._probe import warm_up
 from ._procs import (check_count, kill_leftovers, local_pids,
                      is_adopted, quiet_logger, shutdown_engines)
 from ._ranks import EngineSlot, RankTable
 from ._reporting import AdoptionMixin, StatusMixin
-from ._registration import await_registration
+from ._registration import await_registration, pin_group
 from ._supervise import command as supervised, parent_env
 
 log = logging.getLogger("phalanx")
@@ -106,12 +105,6 @@ class ClusterManager(StatusMixin, AdoptionMixin):
     def topology(self) -> tuple:
         """(generation, engine ids in rank order): changes whenever a process group must re-form."""
         return (self.generation, tuple(self.engine_ids()))
-
-    def rank_of_engine(self, engine_id: int) -> int | None:
-        for rank, slot in enumerate(self.slots()):
-            if slot.engine_id == engine_id:
-                return rank
-        return None
 
     # --- start / stop ------------------------------------------------------------------------
 
@@ -190,11 +183,17 @@ class ClusterManager(StatusMixin, AdoptionMixin):
         self._cluster = self.client = self._runner = None
         sets = list(cluster.engines.values()) if cluster is not None else []
         try:
+            left = True
             if client is not None:
-                shutdown_engines(client, asked)
+                left = shutdown_engines(client, asked)
                 client.close(linger=0)
             if cluster is not None and runner is not None:
-                runner.run(cluster.stop_cluster(), timeout=30)
+                if left and self._launcher.ask_engines_to_exit:  # the engines are gone
+                    runner.run(cluster.stop_controller(), timeout=30)
+                    for set_id in list(cluster.engines):
+                        self._launcher.forget(cluster.engines.pop(set_id))
+                else:
+                    runner.run(cluster.stop_cluster(), timeout=30)
         except Exception as exc:  # keep going: what matters is that no process survives
             log.warning("phalanx: stopping the cluster raised %s; killing leftovers", exc)
         finally:
@@ -294,10 +293,13 @@ class ClusterManager(StatusMixin, AdoptionMixin):
                 slot.state = "stopping"
         self._on_change()
         assert self._runner is not None
-        shutdown_engines(self.client, [s.engine_id for s in doomed if self._ask_to_exit(s)])
+        left = shutdown_engines(self.client, [s.engine_id for s in doomed if self._ask_to_exit(s)])
         launched = sets - {s.engine_set_id for s in doomed if is_adopted(s)}
         stopping = [self._cluster.engines[s] for s in launched if s in self._cluster.engines]
         for set_id in launched:
+            if left and self._launcher.ask_engines_to_exit:
+                self._launcher.forget(self._cluster.engines.pop(set_id, None))
+                continue
             try:
                 self._runner.run(self._cluster.stop_engines(set_id), timeout=30)
             except KeyError:
@@ -381,18 +383,8 @@ class ClusterManager(StatusMixin, AdoptionMixin):
         """Wait until each new slot's engine has registered and answered the probe."""
         await_registration(self, slots, self.controller_ip)
         if not self._launcher.one_set_per_engine:
-            self._pin_group(slots)
+            pin_group(self, slots)
         self.client[[s.engine_id for s in slots]].apply_async(warm_up)  # not awaited
-
-    def _pin_group(self, slots: list[EngineSlot]) -> None:
-        """Engines started together share one environment: pin each one after it registered."""
-        everyone = [s for s in self.slots() if s not in slots] + slots
-        hosts = [s.host for s in everyone]
-        visible = {s.host: (self._gpus if is_local(s) else s.info.get("gpus", [])) for s in everyone}
-        devices = assign_devices(self.gpu_spec, hosts, visible)[len(everyone) - len(slots):]
-        for slot, device in zip(slots, devices):
-            slot.device = device
-            self.client[slot.engine_id].apply_sync(pin_engine, slot.slot_id, device)
 
     # --- checks -------------------------------------------------------------------------------
 

@@ -49,22 +49,24 @@ def local_pids(slots: Any) -> list[int]:
     return [s.pid for s in slots if s.pid and is_local(s)]
 
 
-def shutdown_engines(client: Any, engine_ids: list, wait_s: float = 5.0) -> None:
-    """Ask engines phalanx did not start to exit (it cannot signal them), and give them a
-    moment to unregister: an engine's nanny that finds the controller already gone hangs."""
+def shutdown_engines(client: Any, engine_ids: list, wait_s: float = 5.0) -> bool:
+    """Ask engines to exit through the controller (phalanx cannot signal adopted or remote
+    ones), and give them a moment to unregister: an engine's nanny that finds the controller
+    already gone hangs.  True when every one of them has left."""
     import time
 
     targets = [e for e in engine_ids if e is not None and e in client.ids]
     if not targets:
-        return
+        return True
     try:
         client.shutdown(targets=targets, block=False)
     except Exception as exc:
-        log.warning("phalanx: asking adopted engines %s to exit failed: %s", targets, exc)
-        return
+        log.warning("phalanx: asking engines %s to exit failed: %s", targets, exc)
+        return False
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline and set(targets) & set(client.ids):
         time.sleep(0.05)
+    return not set(targets) & set(client.ids)
 
 
 def find_mpiexec() -> str:

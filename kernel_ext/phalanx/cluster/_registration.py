@@ -1,6 +1,7 @@
 """Waiting for new engines to register: match each to its slot, or say why it never will.
 
-Kept apart from :mod:`._manager` so the manager only decides what to start and stop.  A start
+Kept apart from :mod:`._manager` so the manager only decides what to start and stop.  Engines
+started as a group (MPI, SSH, batch jobs) are pinned to their host's devices here too.  A start
 ends in one of three ways: every slot's engine answered the probe; an engine set died or its
 launcher knows it will not come (a batch job that ended, or stays pending past the timeout);
 or the timeout passed.  The error names the set and ends with the tail of its log.
@@ -12,8 +13,9 @@ import time
 from typing import Any
 
 from ._launchers import ClusterError, Launcher, log_tail
-from ._locality import host_label
-from ._probe import identify_engine
+from ._gpus import assign_devices
+from ._locality import host_label, is_local
+from ._probe import identify_engine, pin_engine
 
 
 def await_registration(manager: Any, slots: list, controller_ip: str) -> None:
@@ -34,6 +36,17 @@ def await_registration(manager: Any, slots: list, controller_ip: str) -> None:
                 slot.host = host_label(info)
                 pending.pop(slot.slot_id)
         time.sleep(0.05)
+
+
+def pin_group(manager: Any, slots: list) -> None:
+    """Engines started together share one environment: pin each one after it registered,
+    to a device of its own host (the host's devices as its engines reported them)."""
+    everyone = [s for s in manager.slots() if s not in slots] + slots
+    visible = {s.host: (manager._gpus if is_local(s) else s.info.get("gpus", [])) for s in everyone}
+    devices = assign_devices(manager.gpu_spec, [s.host for s in everyone], visible)
+    for slot, device in zip(slots, devices[len(everyone) - len(slots):]):
+        slot.device = device
+        manager.client[slot.engine_id].apply_sync(pin_engine, slot.slot_id, device)
 
 
 def check_sets(manager: Any, slots: list, pending: dict, waited_out: bool) -> None:

@@ -113,5 +113,13 @@ class SshLauncher(RemoteLauncher):
             self.profile_config.SSHEngineLauncher.to_send = []
         return kwargs
 
+    def forget(self, engine_set: Any) -> None:
+        # Engines that exited on request need no SSH kill (ipyparallel's would signal a pid
+        # that is gone and then wait on it); only end its per-engine watcher threads.
+        for launcher in getattr(engine_set, "launchers", {}).values():
+            waiting = getattr(launcher, "_stop_waiting", None)
+            if waiting is not None:
+                waiting.set()
+
     def set_name(self, engine_set: Any) -> str:
         return f"engine(s) on {', '.join(self.hosts())}"
