@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from IPython.core.error import UsageError
@@ -89,7 +90,7 @@ def hosts(tmp_path_factory):
         _teardown_network()
         pytest.skip(f"cannot create network namespaces here: {exc.stderr.strip()}")
     os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege separation folder
-    for key in ("host_key", "root_key"):
+    for key in ("host_key", "root_key", "stranger_key"):
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(folder / key)],
                        check=True)
     shutil.copy(folder / "root_key.pub", folder / "authorized_keys")
@@ -104,11 +105,11 @@ def hosts(tmp_path_factory):
         _teardown_network()
 
 
-def _profile(folder) -> str:
-    """An ipyparallel profile with the SSH options of this test's key (as a person would set)."""
-    profile = folder / "profile_ssh"
+def _profile(folder, key: str = "root_key") -> str:
+    """An ipyparallel profile with the SSH options of one key (as a person would set them)."""
+    profile = folder / f"profile_{key}"
     profile.mkdir()
-    options = ["-i", str(folder / "root_key"), "-o", "StrictHostKeyChecking=no",
+    options = ["-i", str(folder / key), "-o", "StrictHostKeyChecking=no",
                "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR"]
     (profile / "ipcluster_config.py").write_text(
         f"c.SSHEngineSetLauncher.ssh_args = {options!r}\n"
@@ -188,6 +189,16 @@ def test_an_unreachable_host_fails_the_start_naming_it(session, shell, hosts):
         shell.run_line_magic("cluster", f"start --launcher ssh --hosts {THERE}:1,{NOBODY}:1 "
                                         f"--gpus none --timeout 60 --profile {hosts}")
     assert f"host '{NOBODY}'" in str(caught.value)
+    assert not session.cluster.running and not _remote_engine_pids()
+
+
+def test_a_refused_key_fails_the_start_naming_the_host(session, shell, hosts):
+    stranger = _profile(Path(hosts).parent, "stranger_key")  # a key the hosts do not know
+    with pytest.raises(UsageError) as caught:
+        shell.run_line_magic("cluster", f"start --launcher ssh --hosts {THERE}:1 --gpus none "
+                                        f"--profile {stranger}")
+    message = str(caught.value)
+    assert f"host '{THERE}'" in message and "Permission denied" in message, message
     assert not session.cluster.running and not _remote_engine_pids()
 
 
