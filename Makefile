@@ -8,7 +8,7 @@ PIP    := $(PY) -m pip --disable-pip-version-check
 STAMP  := $(VENV)/.phalanx-installed
 PYTEST_ARGS ?=
 
-.PHONY: setup lab lab-command test demo bench notebooks screenshots links chromium clean
+.PHONY: setup lab lab-command test demo bench notebooks screenshots links chromium cluster-daemons clean
 
 # The lab panel's sources: an edit to any of them re-runs the install, which rebuilds the panel
 # and copies it where JupyterLab loads it from.
@@ -38,6 +38,15 @@ chromium:
 # tests/test_lab.py runs this very line, read through `make -s lab-command`.
 LAB := $(PY) scripts/lab.py notebooks/01-quickstart.ipynb
 
+# Real daemons for the Slurm and SSH launcher tests (tests skip, saying why, where they cannot run).
+cluster-daemons:
+	@if command -v sbatch >/dev/null 2>&1 && command -v munged >/dev/null 2>&1 \
+	    && command -v sshd >/dev/null 2>&1; then :; else \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  { $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq slurm-wlm munge openssh-server \
+	    openssh-client >/dev/null; } || echo "could not install slurm-wlm/munge/openssh:" \
+	    "the Slurm and SSH launcher tests will skip"; fi
+
 lab: setup
 	$(LAB)
 
@@ -45,7 +54,7 @@ lab-command:
 	@echo '$(LAB)'
 
 # The panel's TypeScript unit tests first (seconds), then the Python suite.
-test: setup chromium
+test: setup chromium cluster-daemons
 	cd labextension && ../$(VENV)/bin/jlpm install --immutable && ../$(VENV)/bin/jlpm test
 	$(PY) -m pytest $(PYTEST_ARGS)
 

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import itertools
 import os
+import secrets
 import time
 import uuid
 from typing import Any, Callable
 
 from .. import events
 from .._scratch import ScratchDir, reap_orphans
+from ..cluster._locality import is_local, is_loopback
 from ..runtime._entry import run_cell, stash_objects
 from ._checkpoints import Lineage, choose_lineage, warn_if_unused
 from ._dispatch import Prepared, choose_backend, prepare, reachable_ip
@@ -38,6 +40,7 @@ class FitRunner(Recovery):
         self.cluster = cluster
         self._emit = emit
         self._id = uuid.uuid4().hex[:8]
+        self._secret = secrets.token_hex(16)  # shared with this cluster's engines only
         self._counter = itertools.count(1)
         self._formations = itertools.count(1)
         # Keyed by slot id, not engine id: a new cluster numbers its engines from 0 again, and
@@ -212,7 +215,7 @@ class FitRunner(Recovery):
                 self._groups.pop(slot.slot_id, None)
 
     def _store_for(self, slots: list, key: str) -> tuple:
-        if all(_local(s) for s in slots):
+        if all(is_local(s) for s in slots):
             return ("file", os.path.join(self._store_dir, key))
         import datetime
 
@@ -221,11 +224,11 @@ class FitRunner(Recovery):
         if self._tcp_store is None:
             self._tcp_store = dist.TCPStore("0.0.0.0", 0, None, True, wait_for_workers=False,
                                             timeout=datetime.timedelta(seconds=300))
-        return ("tcp", reachable_ip(_remote_address(slots)), self._tcp_store.port)
+        return ("tcp", reachable_ip(_remote_address(slots)), self._tcp_store.port, self._secret)
 
     def _receiver_for(self, slots: list) -> MetricsReceiver:
-        local = all(_local(s) for s in slots)
-        if self._receiver is None or (not local and self._receiver.address.startswith("tcp://127.")):
+        local = all(is_local(s) for s in slots)
+        if self._receiver is None or (not local and is_loopback(self._receiver.address)):
             if self._receiver is not None:
                 self._receiver.close()
             # Across hosts: only the interface on the route to the engines, not every one.
@@ -248,7 +251,8 @@ class FitRunner(Recovery):
                           "control": self._control_path(job)}
         return [{"run_id": job.run_id, "rank": r, "world_size": len(slots), "body": job.body,
                  "names": sorted(prepared.blobs), "group": {**group, "rank": r},
-                 "metrics_address": receiver.address, "sync": prepared.strategy or opts.sync,
+                 "metrics_address": receiver.address, "metrics_token": receiver.token,
+                 "sync": prepared.strategy or opts.sync,
                  "sync_from_notebook": prepared.strategy is not None, "every": opts.every,
                  "alpha": opts.alpha, "seed": opts.seed, "returns": list(opts.returns),
                  "return_all": False, "checkpoint": checkpoint}
@@ -278,16 +282,10 @@ def _exact_steps(tracker: RunTracker, results: dict) -> dict[int, int]:
     return steps
 
 
-def _local(slot: Any) -> bool:
-    from ..cluster import on_this_host
-
-    return on_this_host(slot)
-
-
 def _remote_address(slots: list) -> str:
     """An engine address off this host: the kernel advertises its address on the route there
     (a local engine would give loopback, which the others cannot reach)."""
-    return next((s.address for s in slots if not _local(s)), slots[0].address)
+    return next((s.address for s in slots if not is_local(s)), slots[0].address)
 
 
 def _checkpoint_manifest(lineage: Lineage | None, results: dict) -> dict | None:

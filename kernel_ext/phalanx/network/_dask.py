@@ -148,9 +148,9 @@ def _engines_elsewhere(cluster: Any, ipp: Any, targets: list[int]) -> str | None
 
     slots = getattr(cluster, "slots", None)
     if callable(slots):  # the session's cluster manager knows where each engine runs
-        from ..cluster import on_this_host
+        from ..cluster import is_local
 
-        away = [s for s in slots() if not on_this_host(s)]
+        away = [s for s in slots() if not is_local(s)]
         return get_ip(away[0].address) if away else None
     hosts = ipp[targets].apply_sync(socket.gethostname)
     return None if set(hosts) == {socket.gethostname()} else ""

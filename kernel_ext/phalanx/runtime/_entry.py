@@ -145,7 +145,8 @@ def _new_run(spec: dict, group: Any, namespace: dict) -> RunContext:
                      alpha=spec["alpha"])
     run.collectives = Collectives(group)
     run.bytes_at_start = run.collectives.bytes_sent
-    run.metrics = MetricsSender(spec["metrics_address"], spec["run_id"], spec["rank"])
+    run.metrics = MetricsSender(spec["metrics_address"], spec["run_id"], spec["rank"],
+                                spec.get("metrics_token", ""))
     return run
 
 

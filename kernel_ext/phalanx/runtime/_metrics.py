@@ -42,14 +42,14 @@ def to_number(value: Any) -> float | None:
 class MetricsSender:
     """Batch metric rows and step counts of one rank to the kernel."""
 
-    def __init__(self, address: str, run_id: str, rank: int) -> None:
+    def __init__(self, address: str, run_id: str, rank: int, token: str = "") -> None:
         import zmq
 
         self._ctx = zmq.Context.instance()
         self._socket = self._ctx.socket(zmq.PUSH)
         self._socket.setsockopt(zmq.LINGER, 2000)
         self._socket.connect(address)
-        self._run_id, self._rank = run_id, rank
+        self._run_id, self._rank, self._token = run_id, rank, token
         self._rows: list[list] = []
         self._warnings: list[str] = []
         self._warned: set[str] = set()
@@ -98,7 +98,7 @@ class MetricsSender:
         if not rows and not warnings and not final and getattr(self, "_sent_step", -1) == self._step:
             return
         self._sent_step = self._step
-        self._socket.send_json({"run": self._run_id, "rank": self._rank, "rows": rows,
+        self._socket.send_json({"run": self._run_id, "token": self._token, "rank": self._rank, "rows": rows,
                                 "step": self._step, "warnings": warnings, "final": final})
 
     def close(self) -> None:
