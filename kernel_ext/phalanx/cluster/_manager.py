@@ -86,6 +86,7 @@ class ClusterManager:
         self._ranks = RankTable()
         self._ids = itertools.count()
         self.generation = 0  # bumped whenever the rank -> engine mapping changes
+        self.controller_exit: dict | None = None  # set when the controller stops on its own
         self.timeout = 60.0
 
     # --- queries ---------------------------------------------------------------------------
@@ -189,8 +190,10 @@ class ClusterManager:
         if profile:
             kwargs["profile"] = profile
         self._cluster = ipp.Cluster(**kwargs)
+        self.controller_exit = None
         await self._cluster.start_controller(controller_cmd=supervised("ipyparallel.controller"),
                                              environment=parent_env())
+        self._cluster.controller.on_stop(self._controller_stopped)
         self.client = await self._cluster.connect_client()
 
     def stop(self) -> bool:
@@ -264,11 +267,11 @@ class ClusterManager:
             if whole != set(targets):
                 raise ClusterError(f"the {self.launcher} launcher starts engines in groups; "
                                    "restart them all with %cluster restart")
-        self._stop_sets(sets)
         try:
+            self._stop_sets(sets)
             self._add_engines(len(targets), replacing=targets)
         except BaseException:
-            with self._lock:  # the old engines are gone either way
+            with self._lock:  # the old engines are gone either way: never leave a stale slot
                 for slot_id in targets:
                     self._slots[slot_id].state = "dead"
             self._on_change()
@@ -407,6 +410,14 @@ class ClusterManager:
         self._runner.run(self._cluster.start_engines(count, engine_set_id=set_id, **kwargs),
                          timeout=self.timeout)
         self._cluster.engines[set_id].on_stop(lambda data, s=set_id: self._set_stopped(s, data))
+
+    def _controller_stopped(self, data: dict | None) -> None:
+        """The controller exited: a run in progress can no longer hear from any engine."""
+        if self._cluster is None:  # stopped by us
+            return
+        self.controller_exit = dict(data or {}, pid=getattr(self._cluster.controller, "pid", None))
+        log.warning("phalanx: the cluster's controller exited (%s)", data)
+        self._on_change()
 
     def _set_stopped(self, set_id: str, data: dict | None) -> None:
         code = (data or {}).get("exit_code")
