@@ -8,7 +8,7 @@ PIP    := $(PY) -m pip --disable-pip-version-check
 STAMP  := $(VENV)/.phalanx-installed
 PYTEST_ARGS ?=
 
-.PHONY: setup lab test demo bench chromium clean
+.PHONY: setup lab test demo bench chaos chromium clean
 
 # The lab panel's sources: an edit to any of them re-runs the install, which rebuilds the panel
 # and copies it where JupyterLab loads it from.
@@ -47,6 +47,11 @@ demo: setup
 
 bench: setup
 	$(PY) benchmarks/run_all.py
+
+# One random fault per run on a real 2-engine cluster (CHAOS_ARGS="-n 50 --seed 7 --max-restarts 1").
+CHAOS_ARGS ?= -n 50
+chaos: setup
+	$(PY) benchmarks/chaos.py $(CHAOS_ARGS)
 
 clean:
 	rm -rf $(VENV) build dist kernel_ext/phalanx/labextension labextension/lib labextension/node_modules
