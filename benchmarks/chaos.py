@@ -5,7 +5,8 @@ Usage::
     python benchmarks/chaos.py [-n 50] [--seed 7] [--max-restarts 0]
 
 Writes the figures (faults by kind, time to error p50/p95/max, internal errors, hangs, leaks) to
-``benchmarks/results/chaos.json`` and ``chaos.md`` and prints the table.  Exit status 1 when any
+``benchmarks/results/chaos.json`` and ``chaos.md`` (``chaos-restarts.*`` with ``--max-restarts``)
+and prints the table.  Exit status 1 when any
 run ended in an internal error, a wrong or late error, a hang, a failed next cell or a leak.
 """
 
@@ -50,9 +51,10 @@ def main(argv: list[str] | None = None) -> int:
     summary.update(seed=args.seed, max_restarts=args.max_restarts, machine=machine(),
                    wall_s=round(time.monotonic() - started, 1))
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "chaos.json").write_text(json.dumps(summary, indent=2, default=str))
+    name = "chaos-restarts" if args.max_restarts else "chaos"  # the two modes keep their own figures
+    (RESULTS / f"{name}.json").write_text(json.dumps(summary, indent=2, default=str))
     table = markdown(summary)
-    (RESULTS / "chaos.md").write_text(f"# Chaos runs (seed {args.seed}, {args.n} faults, "
+    (RESULTS / f"{name}.md").write_text(f"# Chaos runs (seed {args.seed}, {args.n} faults, "
                                       f"max restarts {args.max_restarts})\n\n" + table)
     print(table)
     bad = (summary["internal_errors"] + summary["wrong_errors"] + summary["hangs"]
