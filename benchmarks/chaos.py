@@ -18,7 +18,8 @@ import sys
 import time
 
 from _common import RESULTS, engine_env, machine
-from _chaos import Chaos, draw_faults, markdown, summarize
+from _chaos import Chaos, draw_faults
+from _chaos_figures import markdown, summarize
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,7 +15,8 @@ import pytest
 from test_reliability_helpers import figures  # noqa: F401
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from _chaos import Chaos, draw_faults, markdown, summarize  # noqa: E402
+from _chaos import Chaos, draw_faults  # noqa: E402
+from _chaos_figures import markdown, summarize  # noqa: E402
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
