@@ -8,7 +8,7 @@ PIP    := $(PY) -m pip --disable-pip-version-check
 STAMP  := $(VENV)/.phalanx-installed
 PYTEST_ARGS ?=
 
-.PHONY: setup lab lab-command test demo bench notebooks screenshots links chromium cluster-daemons clean
+.PHONY: setup lab lab-command test demo bench chaos notebooks screenshots links chromium cluster-daemons clean
 
 # The lab panel's sources: an edit to any of them re-runs the install, which rebuilds the panel
 # and copies it where JupyterLab loads it from.
@@ -75,6 +75,11 @@ screenshots: setup chromium
 # The README's Binder and nbviewer links, from pyproject.toml's Repository address.
 links:
 	python3 docs/links.py
+
+# One random fault per run on a real 2-engine cluster (CHAOS_ARGS="-n 50 --seed 7 --max-restarts 1").
+CHAOS_ARGS ?= -n 50
+chaos: setup
+	$(PY) benchmarks/chaos.py $(CHAOS_ARGS)
 
 clean:
 	rm -rf $(VENV) build dist kernel_ext/phalanx/labextension labextension/lib labextension/node_modules

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 
-import psutil
 import pytest
 
 
@@ -41,14 +40,9 @@ def engine_pids(session) -> list[int]:
 
 def assert_all_gone(pids, timeout: float = 10.0) -> None:
     """Every pid has exited (zombies count as gone)."""
-    procs = []
-    for pid in pids:
-        try:
-            procs.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=timeout)
-    alive = [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+    from phalanx.cluster._procs import wait_gone
+
+    alive = wait_gone(pids, timeout)
     assert not alive, f"processes still running: {[p.pid for p in alive]}"
 
 

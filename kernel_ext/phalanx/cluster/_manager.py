@@ -74,6 +74,7 @@ class ClusterManager(StatusMixin, AdoptionMixin):
         self._ranks = RankTable()
         self._ids = itertools.count()
         self.generation = 0  # bumped whenever the rank -> engine mapping changes
+        self.controller_exit: dict | None = None  # set when the controller stops on its own
         self.timeout = 60.0
 
     # --- queries ---------------------------------------------------------------------------
@@ -158,12 +159,14 @@ class ClusterManager(StatusMixin, AdoptionMixin):
         self._launcher.profile_config = cluster.config
         self._launcher.profile_dir = cluster.profile_dir
         self._launcher.check()  # before any process starts
+        self.controller_exit = None
         self.controller_ip = cluster.controller_ip = self._launcher.listen_address(
             cluster.controller_ip or None)
         cluster.controller_args = list(cluster.controller_args) + self._launcher.controller_args(
             self.controller_ip)
         await cluster.start_controller(controller_cmd=supervised("ipyparallel.controller"),
                                        environment=parent_env())
+        cluster.controller.on_stop(self._controller_stopped)
         self.client = await cluster.connect_client()
 
     def stop(self) -> bool:
@@ -255,11 +258,11 @@ class ClusterManager(StatusMixin, AdoptionMixin):
             if whole != set(targets):
                 raise ClusterError(f"the {self.launcher} launcher starts engines in groups; "
                                    "restart them all with %cluster restart")
-        self._stop_sets(sets)
         try:
+            self._stop_sets(sets)
             self._add_engines(len(targets), replacing=targets)
         except BaseException:
-            with self._lock:  # the old engines are gone either way
+            with self._lock:  # the old engines are gone either way: never leave a stale slot
                 for slot_id in targets:
                     self._slots[slot_id].state = "dead"
             self._on_change()
@@ -367,6 +370,14 @@ class ClusterManager(StatusMixin, AdoptionMixin):
             self._cluster.engines.pop(set_id, None)
             raise self._launcher.submit_error(exc) from None
         self._cluster.engines[set_id].on_stop(lambda data, s=set_id: self._set_stopped(s, data))
+
+    def _controller_stopped(self, data: dict | None) -> None:
+        """The controller exited: a run in progress can no longer hear from any engine."""
+        if self._cluster is None:  # stopped by us
+            return
+        self.controller_exit = dict(data or {}, pid=getattr(self._cluster.controller, "pid", None))
+        log.warning("phalanx: the cluster's controller exited (%s)", data)
+        self._on_change()
 
     def _set_stopped(self, set_id: str, data: dict | None) -> None:
         code = (data or {}).get("exit_code")

@@ -67,9 +67,13 @@ def warm_up() -> bool:
     """Import what the first training cell needs, while the user is still typing.
 
     Sent without waiting right after engines register, so the first ``%%distributed_fit``
-    does not pay for importing torch.  Importing torch does not initialise CUDA.
+    does not pay for importing torch.  Importing torch does not initialise CUDA.  Tasks run in
+    order on an engine, so the run's first call there (the version check) waits for this: a
+    restarted rank is not caught importing while its peers wait for it in a collective (an
+    interrupt there would leave a half-imported module behind).
     """
     import torch  # noqa: F401
+    import torch._dynamo  # noqa: F401  (an optimizer's first param group imports it: seconds)
     import torch.distributed  # noqa: F401
 
     import phalanx.runtime._entry  # noqa: F401

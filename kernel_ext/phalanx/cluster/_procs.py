@@ -90,8 +90,9 @@ def memory_mb(pid: int | None, host: str) -> float | None:
         return None
 
 
-def kill_leftovers(pids: list[int], grace: float = 5.0) -> None:
-    """Make sure engine processes are gone: ipyparallel stops them; this catches stragglers."""
+def wait_gone(pids: list[int], timeout: float) -> list:
+    """Wait up to ``timeout`` s for ``pids`` to exit; the processes still running (zombies count
+    as gone: they only wait for their parent to reap them)."""
     import psutil
 
     procs = []
@@ -100,7 +101,22 @@ def kill_leftovers(pids: list[int], grace: float = 5.0) -> None:
             procs.append(psutil.Process(pid))
         except psutil.NoSuchProcess:
             continue
-    _, alive = psutil.wait_procs(procs, timeout=grace)
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    running = []
+    for proc in alive:
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                running.append(proc)
+        except psutil.NoSuchProcess:
+            pass
+    return running
+
+
+def kill_leftovers(pids: list[int], grace: float = 5.0) -> None:
+    """Make sure engine processes are gone: ipyparallel stops them; this catches stragglers."""
+    import psutil
+
+    alive = wait_gone(pids, grace)
     for proc in alive:
         try:
             proc.kill()

@@ -5,8 +5,9 @@ from __future__ import annotations
 import time
 from typing import Any, Mapping
 
-# Errors a rank raises because *another* rank failed (mirrors fit._waiter.SECONDARY).
-from ._waiter import SECONDARY
+# Errors a rank raises because *another* rank failed: reported only when nothing else explains it.
+SECONDARY = ("CollectiveAborted", "PeerDied", "CollectiveTimeout", "CollectiveError", "Unresponsive",
+             "DistBackendError", "DistNetworkError", "DistError")
 
 
 class DistributedFitError(RuntimeError):
@@ -45,12 +46,42 @@ def describe_failure(rank: int, result: dict, slot: Any) -> str:
                 + (f" (exit code {code})" if code is not None else "")
                 + f". Bring it back with %cluster restart {rank}.")
     if result.get("error") == "Unresponsive":
-        return (f"{where} stopped answering: it did not come back within "
-                f"{result.get('grace_s', 10):g} s of an interrupt (stuck in native code?), so "
-                f"its engine was restarted; its last reported step was {steps}.")
+        text = (f"{where} stopped answering: it did not come back within "
+                f"{result.get('grace_s', 10):g} s of an interrupt (stuck in native code?), so ")
+        if result.get("restart_error"):
+            return text + (f"phalanx tried to restart its engine, which failed: "
+                           f"{result['restart_error']}. Its last reported step was {steps}; bring "
+                           f"it back with %cluster restart {rank}.")
+        return text + f"its engine was restarted; its last reported step was {steps}."
     if result.get("interrupted"):
         return f"{where} was stopped at step {steps}."
     return f"{where} raised {result.get('error')} after {steps} step(s):\n" + _indent(result)
+
+
+def cause_of(exc: BaseException) -> str:
+    """What went wrong, in one line, whatever raised it (ipyparallel wraps engine errors)."""
+    elist = getattr(exc, "elist", None)  # CompositeError: the first engine's error
+    if elist:
+        return f"{elist[0][0]}: {elist[0][1]}"
+    if getattr(exc, "ename", None):
+        return f"{exc.ename}: {getattr(exc, 'evalue', '')}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def engine_fault(rank: int, slot: Any, exc: BaseException, what: str,
+                 died: bool) -> DistributedFitError:
+    """The run's one error when a call on one rank's engine failed outside the training loop
+    (checking versions, shipping data, planning a resume, restarting an engine)."""
+    where = f"rank {rank} (engine {slot.engine_id} on host {slot.host}, pid {slot.pid})"
+    result = {"ok": False, "error": "EngineDied" if died else type(exc).__name__,
+              "exit_code": slot.exit_code, "message": cause_of(exc), "ended_at": time.time()}
+    if died:
+        code = f" (exit code {slot.exit_code})" if slot.exit_code is not None else ""
+        text = (f"{where} died while {what}{code}; nothing ran. Bring it back with "
+                f"%cluster restart {rank}.")
+    else:
+        text = f"{where} failed while {what}: {cause_of(exc)}"
+    return DistributedFitError(text, "failed", rank, {rank: result})
 
 
 def _describe_stall(where: str, rank: int, result: dict) -> str:
@@ -60,6 +91,10 @@ def _describe_stall(where: str, rank: int, result: dict) -> str:
         return (text + " Its process was stopped (SIGSTOP), which no interrupt reaches and the "
                 f"controller stops tracking, so phalanx ended it: %cluster restart {rank} brings "
                 "it back.")
+    if result.get("error") == "Unresponsive" and result.get("restart_error"):
+        return text + (" It did not answer an interrupt either, and restarting its engine "
+                       f"failed: {result['restart_error']}. Bring it back with %cluster restart "
+                       f"{rank}.")
     if result.get("error") == "Unresponsive":
         return text + " It did not answer an interrupt either, so its engine was restarted."
     return text + " It was interrupted here:\n" + _indent(result)
@@ -98,6 +133,14 @@ def failure(status: str, results: Mapping[int, dict], slots: list, opts: Any, wa
         return DistributedFitError(f"interrupted after {wall:.1f} s; every rank stopped "
                                    f"(last steps: {listed}); the engines are ready for the next run",
                                    status, None, results)
+    lost = next((res for res in results.values() if res.get("error") == "ControllerDied"), None)
+    if lost is not None:
+        info = lost.get("controller", {})
+        return DistributedFitError(
+            f"the cluster's controller (pid {info.get('pid')}) exited during the run (exit code "
+            f"{info.get('exit_code')}) after {wall:.1f} s; no engine can report without it (last "
+            f"steps: {listed}). Start a new cluster with %cluster stop and %cluster start.",
+            status, None, results)
     rank = root_cause(results)
     if rank is None:
         return DistributedFitError(f"the run failed after {wall:.1f} s (steps: {listed})", status,
@@ -107,4 +150,9 @@ def failure(status: str, results: Mapping[int, dict], slots: list, opts: Any, wa
     if others:
         text += (f"\nThe other rank(s) {', '.join(map(str, others))} were released; the run "
                  f"ended {wall:.1f} s after it started.")
+    for other in others:  # a peer left without a working engine must not go unmentioned
+        cause = results.get(other, {}).get("restart_error")
+        if cause:
+            text += (f"\nRank {other} did not stop either, and restarting its engine failed: "
+                     f"{cause}. Bring it back with %cluster restart {other}.")
     return DistributedFitError(text, status, rank, results)

@@ -21,7 +21,8 @@ from ..cluster._locality import is_local
 from ..runtime._checkpoint import held_commits
 from ._checkpoints import Lineage, plan_resume
 from ._dispatch import Prepared, prepare
-from ._errors import DistributedFitError
+from ._engine_calls import call_each
+from ._errors import DistributedFitError, cause_of
 from ._options import FitOptions, FitUsageError
 from ._tracker import RunTracker
 
@@ -86,10 +87,10 @@ class Recovery:
         """Where this attempt resumes: the newest commit every rank can load."""
         lineage = job.lineage
         assert lineage is not None
-        client = self.cluster.client
-        ars = [client[s.engine_id].apply_async(held_commits, lineage.key, lineage.directory, r)
-               for r, s in enumerate(slots)]
-        plan = plan_resume([ar.get(timeout=30) for ar in ars])
+        held = call_each(self.cluster, slots, held_commits, lineage.key, lineage.directory,
+                         what="resuming (asking which commits it holds)", timeout=30,
+                         with_rank=True)
+        plan = plan_resume(held)
         step = plan["step"] if plan else 0
         job.tracker.rewind(step, len(slots))
         job.changes.append({"kind": "resume", "step": step, "world_size": len(slots), "t": time.time(),
@@ -108,7 +109,13 @@ class Recovery:
               f"({results[error.rank].get('error')}); restarting and {where} "
               f"(restart {attempt} of {job.opts.max_restarts})")
         for rank in ranks:
-            self.cluster.restart(rank)
+            try:
+                self.cluster.restart(rank)
+            except Exception as exc:  # the slot is left dead; the run ends with both causes
+                raise DistributedFitError(
+                    f"{error.args[0]}\nphalanx tried to restart rank {rank}'s engine "
+                    f"(--max-restarts), which failed: {cause_of(exc)}. Bring it back with "
+                    f"%cluster restart {rank}.", "failed", error.rank, results) from None
         job.changes.append({"kind": "restart", "attempt": attempt, "ranks": ranks, "t": time.time(),
                             "error": results[error.rank].get("error"),
                             "step": results[error.rank].get("steps", 0)})

@@ -23,6 +23,7 @@ from ..cluster._locality import is_local, is_loopback
 from ..runtime._entry import run_cell, stash_objects
 from ._checkpoints import Lineage, choose_lineage, warn_if_unused
 from ._dispatch import Prepared, choose_backend, prepare, reachable_ip
+from ._engine_calls import alive, call_each, dispatch, fault_of
 from ._errors import DistributedFitError, failure
 from ._manifest import build_manifest, check_versions, engine_versions
 from ._options import FitOptions, FitUsageError
@@ -134,16 +135,16 @@ class FitRunner(Recovery):
         specs = self._specs(job, slots, prepared, plan)
         key = specs[0]["group"]["key"]
         self._stash(slots, prepared)
-        client = self.cluster.client
         results: dict[int, dict] = {}
-        try:
-            ars = [client[s.engine_id].apply_async(run_cell, spec, blob)
+        try:  # a rank whose engine left before its task was sent fails like one that died in it
+            ars = [dispatch(self.cluster, s, run_cell, spec, blob)
                    for s, spec, blob in zip(slots, specs, prepared.shard_blobs)]
             status = Waiter(self.cluster, slots, ars, job.tracker, job.opts).wait(results)
         except BaseException:
             self._group_settled(slots, key, ok=False)
             raise
-        job.tracker.wait_final([r for r, res in results.items() if res.get("error") != "EngineDied"], 2.0)
+        job.tracker.wait_final([r for r, res in results.items()
+                                if res.get("error") not in ("EngineDied", "ControllerDied")], 2.0)
         # Failed ranks tore their group down, and a resize changes it: everyone re-forms next time.
         self._group_settled(slots, key, ok=status == "done")
         return status, results
@@ -178,7 +179,7 @@ class FitRunner(Recovery):
             raise FitUsageError(f"-n {world} asks for more ranks than the {len(slots)} engine(s) "
                                 f"of the cluster: %cluster scale {world} first")
         slots = slots[:world]
-        dead = [r for r, s in enumerate(slots) if s.state == "dead"]
+        dead = [r for r, s in enumerate(slots) if s.state != "idle"]  # dead, or being replaced
         if dead:
             raise FitUsageError(f"rank(s) {', '.join(map(str, dead))} are dead: bring them back "
                                 f"with %cluster restart {dead[0]} (or %cluster restart for all)")
@@ -187,8 +188,8 @@ class FitRunner(Recovery):
     def _engine_versions(self, slots: list) -> list[dict]:
         key = (self.cluster.topology(), len(slots))
         if key not in self._versions:
-            view = self.cluster.client[[s.engine_id for s in slots]]
-            versions = view.apply_sync(engine_versions)
+            versions = call_each(self.cluster, slots, engine_versions,
+                                 what="the run was starting (checking package versions)")
             check_versions(versions, slots)  # raises before anything is cached or run
             self._versions[key] = versions
         return self._versions[key]
@@ -269,8 +270,14 @@ class FitRunner(Recovery):
                 need.update(missing)
                 targets.append(slot)
         if targets:
-            self.cluster.client[[s.engine_id for s in targets]].apply_async(
-                stash_objects, need, sorted(prepared.hashes))
+            try:
+                self.cluster.client[[s.engine_id for s in targets]].apply_async(
+                    stash_objects, need, sorted(prepared.hashes))
+            except Exception as exc:  # an engine left: name it (sent to nobody, so record nothing)
+                gone = [r for r, s in enumerate(slots) if s in targets and not alive(self.cluster, s)]
+                failed = gone or [slots.index(targets[0])]
+                raise fault_of(self.cluster, slots, {r: exc for r in failed},
+                               "the run was starting (sending its data)") from None
             for slot in targets:
                 self._sent[slot.slot_id] = dict(prepared.hashes)
 

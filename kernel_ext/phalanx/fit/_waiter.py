@@ -16,6 +16,8 @@ import signal
 import time
 from typing import Any
 
+from ._engine_calls import registered, signal_engines
+from ._errors import SECONDARY, cause_of
 from ._output import OutputStreamer
 
 RELEASE_GRACE_S = 10.0   # after interrupting, how long ranks get to come back before we say so
@@ -25,9 +27,6 @@ SECONDARY_GRACE_S = 3.0  # how long a rank's own error may take to arrive after 
 RELEASE_DELAY_S = 0.5
 POLL_S = 0.005
 
-# Errors a rank raises because *another* rank failed: reported only when nothing else explains it.
-SECONDARY = ("CollectiveAborted", "PeerDied", "CollectiveTimeout", "CollectiveError", "Unresponsive",
-             "DistBackendError", "DistNetworkError", "DistError")
 
 
 class Waiter:
@@ -47,6 +46,8 @@ class Waiter:
         interrupted = False
         while pending:
             try:
+                if getattr(self.cluster, "controller_exit", None) is not None:
+                    self._controller_lost(pending, results)
                 self._collect(pending, results)
                 failed = [r for r in results.values() if not r.get("ok") and not r.get("resized")]
                 if status == "done" and failed:
@@ -102,7 +103,7 @@ class Waiter:
             self._kill_stopped(rank, slot)
             return {"ok": False, "error": "Stalled", "stopped": True, "ended_at": time.time(),
                     "steps": self.tracker.steps.get(rank, 0), "message": str(exc)}
-        engine_gone = slot.state == "dead" or slot.engine_id not in self.cluster.client.ids
+        engine_gone = slot.state == "dead" or not registered(self.cluster, slot.engine_id)
         if engine_gone:
             return died(slot, self.tracker, rank, str(exc))
         if getattr(exc, "ename", None) == "KeyboardInterrupt" and self.released_at is not None:
@@ -131,8 +132,8 @@ class Waiter:
                 self._kill_stopped(rank, slot)
             else:
                 targets.append(slot.engine_id)
-        if targets:
-            self.cluster.client.send_signal(signal.SIGINT, targets=targets, block=False)
+        # An engine can leave between the checks above and the signal: it then needs none.
+        signal_engines(self.cluster, targets, signal.SIGINT)
 
     def _kill_stopped(self, rank: int, slot: Any) -> None:
         import os
@@ -152,8 +153,17 @@ class Waiter:
             pending.discard(rank)
             try:
                 self.cluster.restart(rank)
-            except Exception:
-                pass
+            except Exception as exc:  # the slot is left dead: the next run says so
+                results[rank]["restart_error"] = cause_of(exc)
+
+    def _controller_lost(self, pending: set[int], results: dict[int, dict]) -> None:
+        """No result can arrive without the controller: every rank still running ends now (its
+        engine exits by itself when its heartbeats go unanswered)."""
+        for rank in sorted(pending):
+            results[rank] = {"ok": False, "error": "ControllerDied", "ended_at": time.time(),
+                             "steps": self.tracker.steps.get(rank, 0),
+                             "controller": dict(self.cluster.controller_exit)}
+        pending.clear()
 
     def _mark_stalled(self, results: dict[int, dict]) -> None:
         for rank in self.stalled:
