@@ -62,8 +62,8 @@ class MetricHistory:
         if not rows:
             return 0
         step_list, time_list, metric_list = zip(*rows)
-        steps = np.array(step_list, np.int64)
-        times = np.array(time_list, np.float64)
+        steps = np.fromiter(step_list, np.int64, len(rows))
+        times = np.fromiter(time_list, np.float64, len(rows))
         metrics = _metric_columns(metric_list)
         with self._lock:
             self._append(int(rank), steps, times, metrics)
