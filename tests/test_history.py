@@ -152,6 +152,8 @@ def _batch(rank: int, start: int) -> dict:
             "rows": [[s, 1e9 + s * 0.05, metrics[s % 997]] for s in range(start, start + BATCH)]}
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(1200)  # ~30 s of CPU; far more wall time on a machine shared by many jobs
 def test_ten_million_rows_stay_in_bounded_memory_and_read_back_whole(tmp_path):
     process = psutil.Process()
     tracker = RunTracker("big-1", RANKS, None, lambda event: None, history_dir=str(tmp_path / "run"))

@@ -546,3 +546,28 @@ def test_docstring_examples(name):
 
     result = doctest.testmod(importlib.import_module(f"phalanx.widgets.{name}"))
     assert result.attempted > 0 and result.failed == 0, name
+
+
+def test_zooming_a_finished_plot_redraws_the_window_at_full_resolution(monkeypatch):
+    from phalanx.fit._digest import window_points
+
+    monkeypatch.setattr(_plot, "MAX_POINTS", 100)
+    history = MetricHistory()
+    plot = _plot.LivePlot(world_size=2)
+    for start in range(0, 20_000, 500):
+        for rank in (0, 1):
+            rows = [[s, 0.0, {"loss": float(s % 7 + rank)}] for s in range(start, start + 500)]
+            history.extend(rank, rows)
+            steps = [r[0] for r in rows]
+            plot.extend({"loss": {rank: (steps, [r[2]["loss"] for r in rows])}})
+    line = plot.lines[("loss", 1)]
+    assert len(line) <= 104
+    plot.zoom_from(lambda name, key, start, end: window_points(history, name, key, start, end, 100))
+    x_range = plot.panels["loss"].figures[0].x_range
+    x_range.start, x_range.end = 5000, 5040          # what the browser's zoom tool sends
+    data = line.source.data
+    inside = [(x, y) for x, y in zip(data["x"], data["y"]) if 5000 <= x <= 5040]
+    assert inside == [(float(s), float(s % 7 + 1)) for s in range(5000, 5041)]
+    assert list(data["x"]) == sorted(data["x"]) and data["x"][-1] == 19_999   # the rest still drawn
+    x_range.start, x_range.end = 0, 19_999           # zoomed out again: the downsampled curve
+    assert len(line) <= 104

@@ -181,3 +181,22 @@ def window_rows(history: Any, steps: tuple | None = None, times: tuple | None = 
         rows.append({"rank": r, "step": s, "t": t, "metrics": {
             n: picked[n][i] for n in names if picked[n][i] == picked[n][i]}})
     return rows
+
+
+def window_points(history: Any, metric: str, key: Hashable, start: float, end: float,
+                  max_points: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """One line of a zoomed chart: ``(steps, values)`` of ``metric`` for rank ``key`` (or the
+    mean over ranks, ``key == "mean"``) with ``start <= step <= end``, at full resolution up to
+    ``max_points``, downsampled (M4) beyond."""
+    cols = history.columns(0, None if key == MEAN else int(key), (start, end))
+    steps, values = cols["step"], cols.get(metric, np.zeros(len(cols["step"])) * np.nan)
+    logged = ~np.isnan(values)
+    steps, values = steps[logged], values[logged]
+    if key == MEAN and len(steps):
+        steps, inverse = np.unique(steps, return_inverse=True)
+        values = np.bincount(inverse, weights=values) / np.bincount(inverse)
+    else:
+        order = np.argsort(steps, kind="stable")
+        steps, values = steps[order], values[order]
+    keep = m4_indices(values, max(1, (max_points or MAX_POINTS) // 4))
+    return steps[keep].astype(float), values[keep]

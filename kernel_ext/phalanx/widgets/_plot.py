@@ -19,7 +19,7 @@ Example::
 from __future__ import annotations
 
 import threading
-from typing import Any, Hashable
+from typing import Any, Callable, Hashable
 
 import numpy as np
 
@@ -80,6 +80,23 @@ class Line:
         self._drawn = keep + len(new)
         if self.markers and self.markers[0].visible and self._drawn > MARKERS_UP_TO:
             self._hide_markers()
+
+    def show_window(self, start: float, end: float, xs: np.ndarray | None, ys: np.ndarray | None) -> None:
+        """Draw ``(xs, ys)`` (a full-resolution window) in place of the downsampled points
+        between ``start`` and ``end``; ``None``: the downsampled curve everywhere again."""
+        drawn = self._m4.points()
+        bx, by = drawn[:, 1], drawn[:, 0]
+        if xs is not None:
+            before, after = bx < start, bx > end
+            bx = np.concatenate([bx[before], xs, bx[after]])
+            by = np.concatenate([by[before], ys, by[after]])
+        self.source.data = {"x": np.asarray(bx, float), "y": np.asarray(by, float)}
+        self._drawn = len(bx)
+
+    def span(self) -> float:
+        """Steps from the line's first point to its last."""
+        drawn = self._m4.points()
+        return float(drawn[-1, 1] - drawn[0, 1]) if len(drawn) else 0.0
 
     def _hide_markers(self) -> None:
         for marker in self.markers:
@@ -181,6 +198,7 @@ class LivePlot:
         self.world_size = world_size
         self.lines: dict[tuple[str, Hashable], Line] = {}
         self.metrics: list[str] = []  # in tab order
+        self.panels: dict[str, MetricPanel] = {}
         self._lock = threading.RLock()
         self._first: MetricPanel | None = MetricPanel(world_size)
         self.tabs = Tabs(tabs=[TabPanel(child=self._first.scales, title="")], visible=False,
@@ -236,3 +254,34 @@ class LivePlot:
         for key, line in panel.lines.items():
             self.lines[(name, key)] = line
         self.metrics.append(name)
+        self.panels[name] = panel
+
+    def zoom_from(self, fetch: Callable[[str, Hashable, float, float], tuple]) -> None:
+        """After the run: zooming into a window redraws it at full resolution.
+
+        ``fetch(metric, rank or "mean", start, end)`` returns that window's ``(steps, values)``
+        (from the run's history).  The callback runs when the browser changes the x range, which
+        reaches the kernel once it is idle, so it is attached when the run is over.  A window
+        that holds far more points than a line draws keeps the downsampled curve.
+        """
+        for name, panel in self.panels.items():
+            x_range = panel.figures[0].x_range  # shared by the linear and the log figure
+
+            def zoomed(attr: str, old: Any, new: Any, name: str = name, x_range: Any = x_range) -> None:
+                self._zoomed(name, x_range.start, x_range.end, fetch)
+
+            x_range.on_change("start", zoomed)
+            x_range.on_change("end", zoomed)
+
+    def _zoomed(self, name: str, start: float | None, end: float | None, fetch: Callable) -> None:
+        if start is None or end is None or end <= start:
+            return
+        with self._lock:
+            for key, line in self.panels[name].lines.items():
+                if line.logged == 0:
+                    continue
+                expected = line.logged * min(1.0, (end - start) / max(line.span(), 1.0))
+                if expected > 2 * MAX_POINTS:  # zoomed out: the downsampled curve is the view
+                    line.show_window(start, end, None, None)
+                else:
+                    line.show_window(start, end, *fetch(name, key, start, end))
