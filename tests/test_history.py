@@ -72,7 +72,7 @@ def test_whole_curve_downsampling_keeps_extremes():
 # --- columnar history (pure) -------------------------------------------------------------------
 
 def test_history_rows_read_back_the_same_from_memory_and_disk(tmp_path):
-    history = MetricHistory(str(tmp_path / "h"), memory_rows=8, chunk_rows=5)
+    history = MetricHistory(str(tmp_path / "h"), memory_rows=8, chunk_rows=5, stage_rows=2)
     logged = []
     for step in range(40):
         rank = step % 3

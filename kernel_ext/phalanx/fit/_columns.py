@@ -129,13 +129,13 @@ class ChunkBuffer:
     def room(self) -> int:
         return self.capacity - self.used
 
-    def append(self, rank: int, steps: np.ndarray, times: np.ndarray,
+    def append(self, ranks: np.ndarray | int, steps: np.ndarray, times: np.ndarray,
                metrics: dict[str, tuple[np.ndarray, np.ndarray | None]]) -> None:
         """Copy ``len(steps)`` (<= :attr:`room`) rows in; ``metrics[name] = (values, present)``,
         ``present`` None when every row has the metric."""
         lo, hi = self.used, self.used + len(steps)
         cols, values_of = self._cols, self._values
-        cols["rank"][lo:hi] = rank
+        cols["rank"][lo:hi] = ranks
         cols["step"][lo:hi] = steps
         cols["t"][lo:hi] = times
         if len(metrics) != len(values_of) or any(name not in values_of for name in metrics):

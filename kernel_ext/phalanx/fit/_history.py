@@ -21,6 +21,7 @@ import math
 import os
 import shutil
 import tempfile
+import itertools
 import threading
 import weakref
 from operator import itemgetter
@@ -30,6 +31,7 @@ import numpy as np
 
 from ._columns import BASE, METRIC, PRESENT, Chunk, ChunkBuffer, part_paths, select
 
+STAGE_ROWS = 4096             # wire rows staged before they become columns
 CHUNK_ROWS = 1 << 16          # rows per chunk (~2.5 MB for two metrics)
 MEMORY_ROWS = 1 << 19         # sealed rows kept in memory before the oldest go to disk
 
@@ -42,12 +44,14 @@ class MetricHistory:
     """
 
     def __init__(self, directory: str | None = None, memory_rows: int = MEMORY_ROWS,
-                 chunk_rows: int = CHUNK_ROWS) -> None:
+                 chunk_rows: int = CHUNK_ROWS, stage_rows: int = STAGE_ROWS) -> None:
         self.directory = directory
-        self.memory_rows, self.chunk_rows = memory_rows, chunk_rows
+        self.memory_rows, self.chunk_rows, self.stage_rows = memory_rows, chunk_rows, stage_rows
         self._chunks: list[Chunk] = []      # sealed, in order; the oldest are on disk
         self._buffer = ChunkBuffer(chunk_rows)
-        self._rows = 0
+        self._rows = 0                      # rows in chunks and the open chunk (not staged)
+        self._staged: list[tuple[int, list]] = []
+        self._staged_rows = 0
         self._held = 0                      # rows of sealed chunks still in memory
         self._names: dict[str, None] = {}
         self._latest: dict[int, dict[str, float]] = {}
@@ -58,34 +62,53 @@ class MetricHistory:
     # --- writing ------------------------------------------------------------------------------
 
     def extend(self, rank: int, rows: list) -> int:
-        """Add wire rows ``[step, t, {metrics}]`` of ``rank``; returns how many."""
+        """Add wire rows ``[step, t, {metrics}]`` of ``rank``; returns how many.
+
+        Batches are staged as they came and turned into columns together (up to
+        :data:`STAGE_ROWS` rows, or at the next read): converting a few dozen rows at a time
+        would cost more in numpy calls than in rows.
+        """
         if not rows:
             return 0
-        step_list, time_list, metric_list = zip(*rows)
-        steps = np.fromiter(step_list, np.int64, len(rows))
-        times = np.fromiter(time_list, np.float64, len(rows))
-        metrics = _metric_columns(metric_list)
         with self._lock:
-            self._append(int(rank), steps, times, metrics)
-            # Kept up to date here because the run tracker asks for it at ~10/s per rank.
-            latest = self._latest.setdefault(int(rank), {})
-            for name, (values, present) in metrics.items():
-                self._names.setdefault(name)
-                at = len(values) - 1 if present is None else _last_true(present)
-                if at >= 0:
-                    latest[name] = float(values[at])
+            self._staged.append((int(rank), rows))
+            self._staged_rows += len(rows)
+            if self._staged_rows < self.stage_rows:
+                return len(rows)
+            self._flush()
         if self._held > self.memory_rows:
             self._spill_old()
         return len(rows)
 
-    def _append(self, rank: int, steps: np.ndarray, times: np.ndarray, metrics: dict) -> None:
+    def _flush(self) -> None:
+        """Turn the staged batches into columns (called with the lock held)."""
+        if not self._staged:
+            return
+        staged, self._staged, self._staged_rows = self._staged, [], 0
+        ranks = np.repeat(np.array([r for r, _ in staged], np.int32), [len(b) for _, b in staged])
+        step_list, time_list, metric_list = zip(*itertools.chain.from_iterable(b for _, b in staged))
+        steps = np.fromiter(step_list, np.int64, len(ranks))
+        times = np.fromiter(time_list, np.float64, len(ranks))
+        metrics = _metric_columns(metric_list)
+        self._append(ranks, steps, times, metrics)
+        # Kept up to date here because the run tracker asks for it at ~10/s per rank.
+        for rank in np.unique(ranks).tolist():
+            rows = np.flatnonzero(ranks == rank)
+            latest = self._latest.setdefault(rank, {})
+            for name, (values, present) in metrics.items():
+                self._names.setdefault(name)
+                logged = rows if present is None else rows[present[rows]]
+                if len(logged):
+                    latest[name] = float(values[logged[-1]])
+
+    def _append(self, ranks: np.ndarray, steps: np.ndarray, times: np.ndarray, metrics: dict) -> None:
         start = 0
         while start < len(steps):
             take = min(self._buffer.room, len(steps) - start)
-            part = {k: (v[start:start + take], None if p is None else p[start:start + take])
-                    for k, (v, p) in metrics.items()}
-            self._buffer.append(rank, steps[start:start + take], times[start:start + take], part)
-            start += take
+            end = start + take
+            part = {k: (v[start:end], None if p is None else p[start:end]) for k, (v, p) in metrics.items()}
+            self._buffer.append(ranks[start:end], steps[start:end], times[start:end], part)
+            start = end
             self._rows += take
             if not self._buffer.room:
                 self._chunks.append(self._buffer.seal())
@@ -114,6 +137,7 @@ class MetricHistory:
         only the index of the chunks, the metric names and each rank's latest values."""
         with self._spill_lock:
             with self._lock:
+                self._flush()
                 if self._buffer.used:
                     self._chunks.append(self._buffer.seal())
                     self._buffer = ChunkBuffer(self.chunk_rows)
@@ -153,7 +177,7 @@ class MetricHistory:
     # --- reading ------------------------------------------------------------------------------
 
     def __len__(self) -> int:
-        return self._rows
+        return self._rows + self._staged_rows
 
     @property
     def path(self) -> str | None:
@@ -169,6 +193,7 @@ class MetricHistory:
     def _parts(self, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, Any]]:
         """``(first row index, chunk or columns)`` covering rows ``start`` to ``stop``."""
         with self._lock:
+            self._flush()
             chunks = list(self._chunks)
             offset = self._rows - self._buffer.used
             tail = self._buffer.view(max(0, start - offset)) if (self._rows if stop is None else stop) > offset else None
@@ -224,16 +249,18 @@ class MetricHistory:
 
     def metric_names(self) -> list[str]:
         with self._lock:
+            self._flush()
             return list(self._names)
 
     def latest(self, rank: int) -> dict[str, float]:
         """The last logged value of each metric of ``rank``."""
         with self._lock:
+            self._flush()
             return dict(self._latest.get(rank, {}))
 
     def ranks(self) -> list[int]:
         """The ranks that logged at least one row."""
-        ranks = set(self._latest)
+        ranks: set[int] = set()
         for _, part in self._parts():
             ranks.update(part.spans if isinstance(part, Chunk) else np.unique(part["rank"]).tolist())
         return sorted(ranks)
@@ -272,11 +299,6 @@ def _number(value: Any) -> float:
         return float(value)
     except (TypeError, ValueError):
         return math.nan
-
-
-def _last_true(mask: np.ndarray) -> int:
-    hits = np.flatnonzero(mask)
-    return int(hits[-1]) if len(hits) else -1
 
 
 def _normalise(part: dict[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
