@@ -10,6 +10,7 @@ SECTIONS = [
     ("allreduce", "bench_allreduce.py"),
     ("throughput", "bench_throughput.py"),
     ("metrics", "bench_metrics.py"),
+    ("history", "bench_history.py"),
     ("network", "bench_network.py"),
     ("cluster_start", "bench_start.py"),
 ]
@@ -108,7 +109,25 @@ def _metrics(d: dict) -> list[dict]:
     ]
 
 
-_SUMMARIZERS = {"metrics": _metrics, "latency": _latency, "throughput": _throughput, "cluster_start": _start,
+def _history(d: dict) -> list[dict]:
+    rows = []
+    for size in ("50", "2500"):
+        rate = d["append_rows_per_s"][size]["median"]
+        rows.append(_row("history", f"append, batches of {size} rows: M rows/s", rate / 1e6, ">= 1",
+                         rate >= 1e6, f"{d[f'ratio_append_vs_dicts_{size}']:.2f}x the dict-per-row history"))
+    rows.append(_row("history", "bytes per row in memory (2 metrics)", d["bytes_per_row"], "reported",
+                     None, f"dict-per-row history: {d['baseline_bytes_per_row']:.0f}"))
+    long = d["long"]
+    rows.append(_row("history", f"{long['rows'] / 1e6:.0f}M rows: kernel RSS growth (MB)",
+                     long["rss_growth_mb"], "<= 400", long["rss_growth_mb"] <= 400,
+                     f"fed through the receiving path in {long['feed_s']:.0f} s"))
+    window = long["window_to_pandas_s"]["median"]
+    rows.append(_row("history", "one rank's 100k-step window, to_pandas (s)", window, "< 1 s",
+                     window < 1, f"all of one rank's rows: {long['one_rank_columns_s']:.2f} s"))
+    return rows
+
+
+_SUMMARIZERS = {"history": _history, "metrics": _metrics, "latency": _latency, "throughput": _throughput, "cluster_start": _start,
                 "allreduce": _allreduce, "network": _network}
 
 

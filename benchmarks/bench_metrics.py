@@ -90,7 +90,7 @@ class Probe:
         def timed_extend(rank, rows):  # the receiver thread: a row is in the history now
             added = extend(rank, rows)
             now = time.time()
-            self.history_ms.extend((now - r["t"]) * 1e3 for r in added)
+            self.history_ms.extend((now - r[1]) * 1e3 for r in rows)
             # The kernel's CPU while rows stream in: the loop's window, without the view's
             # construction before the run and its final redraw after it.
             mark = (now, time.process_time())

@@ -153,7 +153,7 @@ def test_summary_embeds_the_curves_and_keeps_the_manifest():
     assert "data:image/png;base64," in page and "<table>" in page and "10 metric rows" in page
     assert repr(summary) == repr(record)
     assert summary.metadata == {"phalanx": {"manifest": {"seed": 1}}}
-    assert curves_png(record.history.rows(), 2).startswith(b"\x89PNG")
+    assert curves_png(record.curves(), 2).startswith(b"\x89PNG")
     assert RunSummary(fake_record())._repr_html_().count("<img") == 0   # nothing logged
 
 
@@ -231,17 +231,24 @@ def test_first_metric_relabels_the_panel_built_ahead():
     assert plot.metrics == ["loss", "acc"] and len(plot.tabs.tabs) == 2
 
 
-def test_live_plot_continues_lines_across_sources(monkeypatch):
-    monkeypatch.setattr(_plot, "CHUNK_POINTS", 4)
+def test_live_plot_lines_stay_bounded_and_keep_spikes_and_the_last_point(monkeypatch):
+    monkeypatch.setattr(_plot, "MAX_POINTS", 40)
     plot = _plot.LivePlot(world_size=1)
-    for start in range(0, 10, 3):
+    for start in range(0, 10, 3):  # short: every point drawn as logged
         steps = list(range(start, min(start + 3, 10)))
         plot.extend({"loss": {0: (steps, [float(s) for s in steps])}})
     line = plot.lines[("loss", 0)]
-    assert len(line.chunks) == 3 and len(line) == 10
-    assert line.values() == [float(s) for s in range(10)]
-    # each continuation starts at the previous chunk's last point: the curve stays connected
-    assert list(line.chunks[1].data["x"])[0] == list(line.chunks[0].data["x"])[-1]
+    assert len(line) == 10 and line.values() == [float(s) for s in range(10)]
+    values = [1.0] * 5000
+    values[1234], values[4321] = 50.0, -7.0   # a spike and a dip, long scrolled past
+    for start in range(10, 5000, 97):
+        steps = list(range(start, min(start + 97, 5000)))
+        plot.extend({"loss": {0: (steps, [values[s] for s in steps])}})
+        data = line.source.data
+        assert len(data["x"]) == len(line) <= 44 and list(data["x"]) == sorted(data["x"])
+    drawn = line.values()
+    assert max(drawn) == 50.0 and min(drawn) == -7.0 and line.logged == 5000
+    assert list(line.source.data["x"])[-1] == 4999.0
 
 
 def test_one_update_leaves_as_one_patch_message():
@@ -402,7 +409,9 @@ for i in range({calls}):
     for rank in (0, 1):
         assert [r["i"] for r in history if r["rank"] == rank] == [float(i) for i in range(calls)]
     [view] = live_views
-    assert sum(view.plot.points("i", r) for r in (0, 1)) == 2 * calls
+    # every row reached the plot; each line draws a bounded number of them
+    assert sum(view.plot.lines[("i", r)].logged for r in (0, 1)) == 2 * calls
+    assert all(view.plot.points("i", r) <= _plot.MAX_POINTS + 4 for r in (0, 1))
     span = updates[-1] - updates[0]
     assert len(updates) <= 12 * span + 2, (len(updates), span)   # ~10 updates/s at most
 
@@ -537,3 +546,28 @@ def test_docstring_examples(name):
 
     result = doctest.testmod(importlib.import_module(f"phalanx.widgets.{name}"))
     assert result.attempted > 0 and result.failed == 0, name
+
+
+def test_zooming_a_finished_plot_redraws_the_window_at_full_resolution(monkeypatch):
+    from phalanx.fit._digest import window_points
+
+    monkeypatch.setattr(_plot, "MAX_POINTS", 100)
+    history = MetricHistory()
+    plot = _plot.LivePlot(world_size=2)
+    for start in range(0, 20_000, 500):
+        for rank in (0, 1):
+            rows = [[s, 0.0, {"loss": float(s % 7 + rank)}] for s in range(start, start + 500)]
+            history.extend(rank, rows)
+            steps = [r[0] for r in rows]
+            plot.extend({"loss": {rank: (steps, [r[2]["loss"] for r in rows])}})
+    line = plot.lines[("loss", 1)]
+    assert len(line) <= 104
+    plot.zoom_from(lambda name, key, start, end: window_points(history, name, key, start, end, 100))
+    x_range = plot.panels["loss"].figures[0].x_range
+    x_range.start, x_range.end = 5000, 5040          # what the browser's zoom tool sends
+    data = line.source.data
+    inside = [(x, y) for x, y in zip(data["x"], data["y"]) if 5000 <= x <= 5040]
+    assert inside == [(float(s), float(s % 7 + 1)) for s in range(5000, 5041)]
+    assert list(data["x"]) == sorted(data["x"]) and data["x"][-1] == 19_999   # the rest still drawn
+    x_range.start, x_range.end = 0, 19_999           # zoomed out again: the downsampled curve
+    assert len(line) <= 104

@@ -114,6 +114,9 @@ class PhalanxMagics(Magics):
     @argument("--resume", action="store_true", help="continue from the last commit")
     @argument("--max-restarts", type=int, default=0,
               help="R: restart a failing rank and resume, up to R times")
+    @argument("--keep-history", default=None,
+              help="DIR: keep the run's complete metric history there (default: removed with "
+                   "the kernel's temporary data)")
     @line_cell_magic
     def distributed_fit(self, line: str, cell: str | None = None) -> Any:
         """Run the cell's training loop on every engine, data-parallel."""
@@ -128,7 +131,8 @@ class PhalanxMagics(Magics):
                                     widget=not args.no_widget,
                                     checkpoint_every=args.checkpoint_every,
                                     checkpoint_dir=args.checkpoint_dir, resume=args.resume,
-                                    max_restarts=args.max_restarts)
+                                    max_restarts=args.max_restarts,
+                                    keep_history=args.keep_history)
             from .widgets import RunDisplay  # bokeh and ipywidgets: loaded on the first run, not at %load_ext
 
             shown = RunDisplay(self.session, self.shell, widget=opts.widget)

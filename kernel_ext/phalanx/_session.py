@@ -188,15 +188,31 @@ class Session:
         return self.fits.last
 
     def run_history_rows(self) -> list[dict]:
-        """Metric rows of the current (or last) run, in the events' wire form."""
+        """Metric rows of the current (or last) run, in the events' wire form, downsampled to a
+        few thousand points per line (min/max-preserving): what a reloaded panel draws."""
         tracker = self.fits.active
-        history = tracker.history if tracker is not None else (
-            self.fits.last.history if self.fits.last is not None else None)
+        if tracker is not None:
+            return tracker.digest.wire_rows()
+        if self.fits.last is None:
+            return []
+        self.fits.last.curves()  # builds the digest of a record that has none
+        return self.fits.last.digest.wire_rows()
+
+    def run_history_window(self, steps: tuple | None = None, times: tuple | None = None,
+                           rank: int | None = None, max_points: int | None = None) -> list[dict]:
+        """Rows of the current (or last) run inside a step or time window, at full resolution
+        up to ``max_points`` per line (a zoomed chart), in the events' wire form.
+
+        Example: ``session.run_history_window(steps=(1000, 1200), rank=0)``
+        """
+        from .fit._digest import window_rows
+
+        tracker = self.fits.active
+        record = self.fits.last
+        history = tracker.history if tracker is not None else (record.history if record else None)
         if history is None:
             return []
-        return [{"rank": r["rank"], "step": r["step"], "t": r["t"],
-                 "metrics": {k: v for k, v in r.items() if k not in ("rank", "step", "t")}}
-                for r in history.rows()]
+        return window_rows(history, steps, times, rank, max_points)
 
     # --- learning networks ---------------------------------------------------------------------
 

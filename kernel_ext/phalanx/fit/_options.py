@@ -54,6 +54,7 @@ class FitOptions:
     checkpoint_dir: str | None = None
     resume: bool = False
     max_restarts: int = 0
+    keep_history: str | None = None
     extra: dict = field(default_factory=dict)
 
     @classmethod
@@ -62,7 +63,8 @@ class FitOptions:
               seed: Any = None, steps: Any = None, timeout: Any = None,
               collective_timeout: Any = 60.0, name: str | None = None,
               widget: bool = True, checkpoint_every: Any = None, checkpoint_dir: str | None = None,
-              resume: bool = False, max_restarts: Any = 0) -> "FitOptions":
+              resume: bool = False, max_restarts: Any = 0,
+              keep_history: str | None = None) -> "FitOptions":
         """Check every flag and return the options, or raise :class:`FitUsageError`."""
         # A plain name may be a notebook class: the runner checks it against the notebook.
         if sync not in STRATEGIES and not (_IDENT.match(sync or "") or _DOTTED.match(sync or "")):
@@ -90,7 +92,7 @@ class FitOptions:
                    collective_timeout=float(collective_timeout), name=name, widget=widget,
                    checkpoint_every=None if checkpoint_every is None else int(checkpoint_every),
                    checkpoint_dir=checkpoint_dir or None, resume=bool(resume),
-                   max_restarts=int(max_restarts))
+                   max_restarts=int(max_restarts), keep_history=_keep_dir(keep_history))
 
     @property
     def checkpointed(self) -> bool:
@@ -106,6 +108,18 @@ def _check_recovery(every: Any, directory: str | None, resume: bool, max_restart
                             "or --resume (to continue from the directory)")
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
         raise FitUsageError(f"--max-restarts must be a whole number of at least 0, got {max_restarts!r}")
+
+
+def _keep_dir(directory: str | None) -> str | None:
+    """``--keep-history DIR``: an existing directory, or one that can be made, never a file."""
+    import os
+
+    if not directory:
+        return None
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise FitUsageError(f"--keep-history {directory!r} is a file: give a directory where each "
+                            "run's metric history is written (it is created if missing)")
+    return os.path.abspath(directory)
 
 
 def _positive_int(value: Any, flag: str) -> None:

@@ -24,6 +24,36 @@ class RunRecord:
     error: str | None = None
     # What happened to the run on the way: {"kind": "resume"|"restart"|"resize", "step", ...}
     changes: list[dict] = field(default_factory=list)
+    # The curves at bounded size (a CurveDigest): what the summary draws and a reloaded panel gets
+    digest: Any = None
+
+    @property
+    def history_path(self) -> str | None:
+        """The directory of the history's files (``part-*.npz``; read them back with
+        ``MetricHistory.read(path)``), None while it is all in memory."""
+        return self.history.path
+
+    def curves(self) -> dict:
+        """``{metric: {rank or "mean": (steps, values)}}``, a few thousand points per line
+        (min/max-preserving); read from the history in chunks when the record has no digest."""
+        if self.digest is None:
+            from ._digest import CurveDigest
+
+            digest = CurveDigest(self.world_size)
+            for batch in self.history.batches():
+                digest.add(batch)
+            digest.finish()
+            self.digest = digest
+        return self.digest.points()
+
+    def history_manifest(self) -> dict:
+        """What the manifest says of the history: where it is, its size, per-rank statistics
+        (small whatever the run's length)."""
+        out = {"path": self.history.directory, "rows": len(self.history),
+               "metrics": self.history.metric_names(), "format": "npz column chunks"}
+        if self.digest is not None:
+            out["per_rank"] = self.digest.stats()
+        return out
 
     def final_metrics(self) -> dict[int, dict[str, float]]:
         """The last logged value of each metric, per rank."""

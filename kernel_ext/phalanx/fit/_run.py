@@ -80,9 +80,10 @@ class FitRunner(Recovery):
         versions = self._engine_versions(slots)
         run_id = f"{self._id}-{next(self._counter)}"
         lineage = choose_lineage(opts, self._lineage, f"ckpt-{run_id}", len(slots))
-        tracker = RunTracker(run_id, len(slots), opts.steps, self._emit)
-        job = Job(run_id, opts.name or f"run-{run_id.split('-')[1]}", body, opts, user_ns,
-                  backend, lineage, tracker)
+        name = opts.name or f"run-{run_id.split('-')[1]}"
+        tracker = RunTracker(run_id, len(slots), opts.steps, self._emit,
+                             history_dir=self._history_dir(opts, run_id, name))
+        job = Job(run_id, name, body, opts, user_ns, backend, lineage, tracker)
         self._receiver_for(slots).register(run_id, tracker.on_batch)
         self.active, self.active_name, self._job = tracker, job.name, job
         try:
@@ -97,6 +98,14 @@ class FitRunner(Recovery):
             self.active = self.active_name = self._job = None
             self._lineage = job.lineage or self._lineage
             self._apply_late_resize()
+
+    def _history_dir(self, opts: FitOptions, run_id: str, name: str) -> str:
+        """Where the run's metric history is written: ``--keep-history DIR/<name>-<id>``, else
+        under the session's temporary directory (removed with it when the kernel closes)."""
+        if opts.keep_history:
+            safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+            return os.path.join(opts.keep_history, f"{safe}-{run_id}")
+        return os.path.join(self._store_dir, "history", run_id)
 
     def close(self) -> None:
         if self._receiver is not None:
@@ -153,9 +162,12 @@ class FitRunner(Recovery):
                 prepared: Prepared) -> RunRecord:
         wall = time.monotonic() - job.started
         tracker = job.tracker
+        tracker.drain()  # every row that arrived is in the digest the summary and manifest use
         record = RunRecord(job.run_id, job.name, status, len(slots), wall,
-                           _exact_steps(tracker, results), tracker.history, changes=list(job.changes))
+                           _exact_steps(tracker, results), tracker.history, changes=list(job.changes),
+                           digest=tracker.digest)
         record.manifest = build_manifest(job.opts, slots, job.backend, prepared, versions, record)
+        record.manifest["history"] = record.history_manifest()
         record.manifest["checkpoint"] = _checkpoint_manifest(job.lineage, results)
         record.manifest["changes"] = list(job.changes)
         self.last = record

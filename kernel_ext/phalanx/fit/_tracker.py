@@ -2,7 +2,10 @@
 
 The receiver thread feeds :meth:`RunTracker.on_batch` (cheap: append and count).  A publisher
 thread turns what arrived into at most ~10 ``metrics`` + ``progress`` events per second on the
-session bus, so views never slow training and no row is lost (rows are batched, not dropped).
+session bus, so views never slow training and no row is lost (rows are batched, not dropped),
+and keeps the run's downsampled curves (:class:`~._digest.CurveDigest`) up to date.  One update
+carries at most :data:`PUBLISH_MAX_ROWS` rows: a backlog is worked off over several updates
+instead of being turned into millions of row dicts at once.
 """
 
 from __future__ import annotations
@@ -12,10 +15,12 @@ import time
 import warnings
 
 from .. import events
+from ._digest import CurveDigest
 from ._history import MetricHistory
 from ._progress import RateMeter, eta_seconds, stragglers
 
 PUBLISH_INTERVAL_S = 0.1
+PUBLISH_MAX_ROWS = 50_000
 
 
 class MetricWarning(UserWarning):
@@ -25,11 +30,13 @@ class MetricWarning(UserWarning):
 class RunTracker:
     """Kernel-side state of one run."""
 
-    def __init__(self, run_id: str, world_size: int, total_steps: int | None, emit) -> None:
+    def __init__(self, run_id: str, world_size: int, total_steps: int | None, emit,
+                 history_dir: str | None = None) -> None:
         self.run_id = run_id
         self.world_size = world_size
         self.total_steps = total_steps
-        self.history = MetricHistory()
+        self.history = MetricHistory(history_dir)
+        self.digest = CurveDigest(world_size)
         self.steps = {r: 0 for r in range(world_size)}
         self.final: set[int] = set()
         self.warnings: list[str] = []
@@ -38,6 +45,7 @@ class RunTracker:
         self._emit = emit
         self._published = 0
         self._lock = threading.Lock()
+        self._publish_lock = threading.Lock()
         self._stop = threading.Event()
         self._publisher = threading.Thread(target=self._publish_loop, daemon=True,
                                            name=f"phalanx-publish-{run_id}")
@@ -60,7 +68,7 @@ class RunTracker:
         """A new attempt resumes at ``step`` (after a restart or a resize), maybe on another
         number of ranks: progress restarts there; the history keeps every row that arrived."""
         with self._lock:
-            self.world_size = world_size
+            self.world_size = self.digest.world_size = world_size
             self.steps = {r: step for r in range(world_size)}
             self._meters = {r: RateMeter() for r in range(world_size)}
             self.final.clear()
@@ -91,16 +99,27 @@ class RunTracker:
                  "metrics": self.history.latest(r), "straggler": r in lagging}
                 for r, s in sorted(steps.items())]
 
-    def publish(self) -> None:
-        """Emit what arrived since the last call (rows batched, progress coalesced)."""
-        rows = self.history.rows(self._published)
-        self._published += len(rows)
-        if rows:
-            wire = [{"rank": r["rank"], "step": r["step"], "t": r["t"],
-                     "metrics": {k: v for k, v in r.items() if k not in ("rank", "step", "t")}}
-                    for r in rows]
-            self._emit(events.metrics(self.run_id, wire))
-        self._emit(events.progress(self.run_id, self.progress_rows()))
+    def publish(self) -> int:
+        """Emit what arrived since the last call (rows batched, progress coalesced); returns
+        how many rows are still waiting."""
+        with self._publish_lock:
+            start = self._published
+            stop = min(len(self.history), start + PUBLISH_MAX_ROWS)
+            if stop > start:
+                rows = self.history.rows(start, stop)
+                self.digest.add(self.history.columns(start, stop=stop))
+                self._published = stop
+                wire = [{"rank": r.pop("rank"), "step": r.pop("step"), "t": r.pop("t"), "metrics": r}
+                        for r in rows]
+                self._emit(events.metrics(self.run_id, wire))
+            self._emit(events.progress(self.run_id, self.progress_rows()))
+            return len(self.history) - self._published
+
+    def drain(self) -> None:
+        """Publish every row that arrived (the run is over): the digest is then complete."""
+        while self.publish():
+            pass
+        self.digest.finish()
 
     def _publish_loop(self) -> None:
         while not self._stop.wait(PUBLISH_INTERVAL_S):
@@ -111,6 +130,7 @@ class RunTracker:
         self._stop.set()
         if self._publisher.is_alive():
             self._publisher.join(timeout=2)
-        self.publish()
+        self.drain()
+        self.history.persist()  # a finished run's rows live on disk, not in the kernel's memory
         for message in dict.fromkeys(self.warnings):
             warnings.warn(message, MetricWarning, stacklevel=2)

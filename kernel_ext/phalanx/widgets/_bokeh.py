@@ -8,8 +8,8 @@ events of one update and sends them together: one walk, one message.
 It also marks the document synced after each full render, so a patch carries only what changed
 (jupyter_bokeh leaves every model "new", and its first patch re-sends the whole document).
 
-Only ``ColumnsStreamed`` events are held.  Their payload is the new points alone, so sending them
-late is exact.  Any other event (a new line or tab) flushes what is held and goes out at once,
+Only ``ColumnsStreamed`` and ``ColumnsPatched`` events are held.  Their payload is the new points
+(or the patched values) alone, so sending them late, in order, is exact.  Any other event (a new line or tab) flushes what is held and goes out at once,
 serialized while its data is still what it was: held back, a new source would be serialized
 with the points streamed after it, and the browser would get those points twice.
 
@@ -27,7 +27,7 @@ import json
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from bokeh.document.events import ColumnsStreamedEvent
+from bokeh.document.events import ColumnsPatchedEvent, ColumnsStreamedEvent
 from bokeh.protocol import Protocol
 from jupyter_bokeh import BokehModel
 
@@ -69,7 +69,7 @@ class BatchedBokehModel(BokehModel):
         if event.setter is self:
             return
         if self._held is not None:
-            if self._hold_all or isinstance(event, ColumnsStreamedEvent):
+            if self._hold_all or isinstance(event, (ColumnsStreamedEvent, ColumnsPatchedEvent)):
                 self._held.append(event)
                 return
             held, self._held = self._held, []

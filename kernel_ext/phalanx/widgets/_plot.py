@@ -2,7 +2,8 @@
 
 One tab per logged metric (found as rows arrive), each with a linear and a log-scale tab; every
 tab shows one line per rank plus the mean.  Points are appended with
-``ColumnDataSource.stream``: each update sends only the new points, never the whole plot.
+``ColumnDataSource.stream``: each update sends only the new points, never the whole plot, and
+each line draws at most :data:`MAX_POINTS` of them, chosen by a min/max-preserving downsampling.
 
 Metric and scale choice are bokeh ``Tabs`` and the legend hides a line on click: all of it runs
 in the browser, because while a cell runs the kernel does not read widget messages, so a control
@@ -18,7 +19,7 @@ Example::
 from __future__ import annotations
 
 import threading
-from typing import Any, Hashable
+from typing import Any, Callable, Hashable
 
 import numpy as np
 
@@ -26,18 +27,21 @@ from ._format import rank_colour
 from ._series import MEAN, Points
 
 LEGEND_MAX_RANKS = 8   # beyond this a per-rank legend hides the plot; the mean keeps its entry
-CHUNK_POINTS = 50_000  # points per data source before a line continues in a new one
+MAX_POINTS = 4000      # drawn per line, whatever the run's length (see Line)
 MARKERS_UP_TO = 50     # points on a line before its markers are hidden
 _HEIGHT = 280
 
 
 class Line:
-    """One curve (a rank's or the mean) drawn in several figures, stored in chunks.
+    """One curve (a rank's or the mean) drawn in several figures, at most ~:data:`MAX_POINTS`.
 
-    bokeh ``np.append``s an array column on every ``stream``: a copy of the whole column.  Past a
-    few 100k points that copy cost the kernel more than the training it watched, so a line keeps
-    at most :data:`CHUNK_POINTS` per source and continues in a new source (seeded with the last
-    point so the curve stays connected).
+    A run logs for days; the browser draws a few thousand points per line.  Every point goes
+    through an incremental min/max-preserving downsampler (:class:`~phalanx.fit._downsample.M4Stream`):
+    until the line outgrows its budget each point is drawn as it is, then buckets of points are
+    drawn by their first, lowest, highest and last point, so spikes and the last point always
+    show.  An update streams the new points and patches the last bucket, which is still
+    filling; when the buckets double in width (rarely: once per doubling of the run) the source
+    is replaced.  The bokeh column therefore stays small, and so does the cost of ``stream``.
 
     A line of one point draws nothing, so points also get markers while the line is short (a
     metric logged once an epoch); past :data:`MARKERS_UP_TO` points they are hidden.
@@ -48,30 +52,51 @@ class Line:
     """
 
     def __init__(self, figures: list, colour: str, width: float = 1.5, alpha: float = 0.8,
-                 dash: str = "solid", chunk_points: int | None = None) -> None:
-        self.chunks: list[Any] = []
+                 dash: str = "solid", max_points: int | None = None) -> None:
+        from ..fit._downsample import M4Stream
+
         self.markers: list[Any] = []
         self.renderers: list[list[Any]] = [[] for _ in figures]  # per figure, for its legend
         self.legend_items: list[Any] = []                           # set by the panel
-        self._figures = figures
         self._style = {"line_color": colour, "line_width": width, "line_alpha": alpha,
                        "line_dash": dash}
-        self._chunk = chunk_points or CHUNK_POINTS
-        self._new_chunk()
+        self._m4 = M4Stream(max_points or MAX_POINTS, columns=2)
+        self._drawn = 0  # points in the source
+        self.source = self._build(figures)
 
     def append(self, xs: np.ndarray, ys: np.ndarray) -> None:
-        """Stream the points ``(xs, ys)`` onto the end of the line."""
-        start = 0
-        while start < len(xs):
-            room = self._chunk - len(self.chunks[-1].data["x"])
-            if room <= 0:
-                self._new_chunk()
-                continue
-            # Arrays travel as one binary buffer; a list is encoded number by number (~3 us each).
-            self.chunks[-1].stream({"x": xs[start:start + room], "y": ys[start:start + room]})
-            start += room
-        if self.markers and self.markers[0].visible and len(self) > MARKERS_UP_TO:
+        """Add the points ``(xs, ys)`` at the end of the line (drawn downsampled)."""
+        keep, new = self._m4.add(np.stack([np.asarray(ys, float), np.asarray(xs, float)], axis=1))
+        stale = self._drawn - keep  # drawn points of the filling bucket, now replaced
+        if keep == 0 and self._drawn:
+            self.source.data = {"x": new[:, 1].copy(), "y": new[:, 0].copy()}
+        else:
+            if stale:  # a patch travels as the few new values, like a stream
+                span = slice(keep, self._drawn)
+                self.source.patch({"x": [(span, new[:stale, 1])], "y": [(span, new[:stale, 0])]})
+            if len(new) > stale:
+                # Arrays travel as one binary buffer; a list is encoded number by number.
+                self.source.stream({"x": new[stale:, 1].copy(), "y": new[stale:, 0].copy()})
+        self._drawn = keep + len(new)
+        if self.markers and self.markers[0].visible and self._drawn > MARKERS_UP_TO:
             self._hide_markers()
+
+    def show_window(self, start: float, end: float, xs: np.ndarray | None, ys: np.ndarray | None) -> None:
+        """Draw ``(xs, ys)`` (a full-resolution window) in place of the downsampled points
+        between ``start`` and ``end``; ``None``: the downsampled curve everywhere again."""
+        drawn = self._m4.points()
+        bx, by = drawn[:, 1], drawn[:, 0]
+        if xs is not None:
+            before, after = bx < start, bx > end
+            bx = np.concatenate([bx[before], xs, bx[after]])
+            by = np.concatenate([by[before], ys, by[after]])
+        self.source.data = {"x": np.asarray(bx, float), "y": np.asarray(by, float)}
+        self._drawn = len(bx)
+
+    def span(self) -> float:
+        """Steps from the line's first point to its last."""
+        drawn = self._m4.points()
+        return float(drawn[-1, 1] - drawn[0, 1]) if len(drawn) else 0.0
 
     def _hide_markers(self) -> None:
         for marker in self.markers:
@@ -82,39 +107,32 @@ class Line:
             item.renderers = [r for r in item.renderers if r not in self.markers]
 
     def __len__(self) -> int:
-        """Points on the line (the seed point of each continuation chunk not counted twice)."""
-        return sum(len(c.data["x"]) for c in self.chunks) - (len(self.chunks) - 1)
+        """Points drawn on the line."""
+        return self._drawn
+
+    @property
+    def logged(self) -> int:
+        """Points the line was given (drawn or summarised)."""
+        return self._m4.count
 
     def values(self) -> list[float]:
-        """Every y value on the line, in order."""
-        out: list[float] = []
-        for i, chunk in enumerate(self.chunks):
-            out.extend(float(v) for v in list(chunk.data["y"])[1 if i else 0:])
-        return out
+        """Every drawn y value, in order."""
+        return [float(v) for v in self.source.data["y"]]
 
-    def _new_chunk(self) -> None:
+    def _build(self, figures: list) -> Any:
         from bokeh.models import ColumnDataSource, GlyphRenderer, Scatter
         from bokeh.models import Line as LineGlyph
 
-        if self.chunks:
-            last = self.chunks[-1].data
-            seed = {"x": np.asarray(last["x"][-1:], dtype=float),
-                    "y": np.asarray(last["y"][-1:], dtype=float)}
-        else:
-            seed = {"x": np.zeros(0), "y": np.zeros(0)}
-        source = ColumnDataSource(data=seed)
-        for i, fig in enumerate(self._figures):
-            added = [GlyphRenderer(data_source=source, glyph=LineGlyph(x="x", y="y", **self._style))]
-            if not self.chunks:  # markers on the first chunk only: a longer line needs none
-                colour, alpha = self._style["line_color"], self._style["line_alpha"]
-                added.append(GlyphRenderer(data_source=source, glyph=Scatter(
-                    x="x", y="y", size=5, fill_color=colour, line_color=colour, fill_alpha=alpha)))
-                self.markers.append(added[-1])
+        source = ColumnDataSource(data={"x": np.zeros(0), "y": np.zeros(0)})
+        colour, alpha = self._style["line_color"], self._style["line_alpha"]
+        for i, fig in enumerate(figures):
+            added = [GlyphRenderer(data_source=source, glyph=LineGlyph(x="x", y="y", **self._style)),
+                     GlyphRenderer(data_source=source, glyph=Scatter(
+                         x="x", y="y", size=5, fill_color=colour, line_color=colour, fill_alpha=alpha))]
+            self.markers.append(added[-1])
             fig.renderers = [*fig.renderers, *added]
             self.renderers[i].extend(added)
-            if self.legend_items:  # a continuation: the legend hides it with the rest
-                self.legend_items[i].renderers = [*self.legend_items[i].renderers, *added]
-        self.chunks.append(source)
+        return source
 
 
 class MetricPanel:
@@ -180,6 +198,7 @@ class LivePlot:
         self.world_size = world_size
         self.lines: dict[tuple[str, Hashable], Line] = {}
         self.metrics: list[str] = []  # in tab order
+        self.panels: dict[str, MetricPanel] = {}
         self._lock = threading.RLock()
         self._first: MetricPanel | None = MetricPanel(world_size)
         self.tabs = Tabs(tabs=[TabPanel(child=self._first.scales, title="")], visible=False,
@@ -235,3 +254,34 @@ class LivePlot:
         for key, line in panel.lines.items():
             self.lines[(name, key)] = line
         self.metrics.append(name)
+        self.panels[name] = panel
+
+    def zoom_from(self, fetch: Callable[[str, Hashable, float, float], tuple]) -> None:
+        """After the run: zooming into a window redraws it at full resolution.
+
+        ``fetch(metric, rank or "mean", start, end)`` returns that window's ``(steps, values)``
+        (from the run's history).  The callback runs when the browser changes the x range, which
+        reaches the kernel once it is idle, so it is attached when the run is over.  A window
+        that holds far more points than a line draws keeps the downsampled curve.
+        """
+        for name, panel in self.panels.items():
+            x_range = panel.figures[0].x_range  # shared by the linear and the log figure
+
+            def zoomed(attr: str, old: Any, new: Any, name: str = name, x_range: Any = x_range) -> None:
+                self._zoomed(name, x_range.start, x_range.end, fetch)
+
+            x_range.on_change("start", zoomed)
+            x_range.on_change("end", zoomed)
+
+    def _zoomed(self, name: str, start: float | None, end: float | None, fetch: Callable) -> None:
+        if start is None or end is None or end <= start:
+            return
+        with self._lock:
+            for key, line in self.panels[name].lines.items():
+                if line.logged == 0:
+                    continue
+                expected = line.logged * min(1.0, (end - start) / max(line.span(), 1.0))
+                if expected > 2 * MAX_POINTS:  # zoomed out: the downsampled curve is the view
+                    line.show_window(start, end, None, None)
+                else:
+                    line.show_window(start, end, *fetch(name, key, start, end))

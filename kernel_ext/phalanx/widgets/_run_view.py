@@ -28,7 +28,7 @@ import time
 from typing import Any, Callable, Mapping
 
 from ._format import DOT, fmt_duration, fmt_rate, overall
-from ._plot import LivePlot
+from ._plot import MAX_POINTS, LivePlot
 from ._progress import ProgressPanel
 from ._series import Points, SeriesBuilder, merge
 from ._throttle import CpuBudget
@@ -108,6 +108,11 @@ class RunView:
                 self._status = "stopped"
             self._show_header()
             self.plot.refresh()
+            if record is not None:  # zooming in now shows every logged point of the window
+                from ..fit._digest import window_points
+
+                self.plot.zoom_from(lambda name, key, start, end:
+                                    window_points(record.history, name, key, start, end, MAX_POINTS))
 
     def _apply(self) -> None:
         events, self._inbox = self._inbox, []

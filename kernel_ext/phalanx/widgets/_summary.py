@@ -20,7 +20,7 @@ import math
 from typing import Any, Sequence
 
 from ._format import rank_colour
-from ._series import MEAN, full_series, wire_rows
+from ._series import MEAN, Points
 
 MAX_PANELS = 6            # metrics drawn; the table still lists every one
 MAX_POINTS_PER_LINE = 4000  # a PNG a few hundred pixels wide cannot show more
@@ -57,13 +57,13 @@ def thin(xs: Sequence[float], ys: Sequence[float], limit: int = MAX_POINTS_PER_L
     return [xs[i] for i in keep], [ys[i] for i in keep]
 
 
-def curves_png(history_rows: list[dict], world_size: int, max_panels: int = MAX_PANELS) -> bytes | None:
-    """The metric curves (one panel per metric, a line per rank and the mean) as PNG bytes.
+def curves_png(points: Points, world_size: int, max_panels: int = MAX_PANELS) -> bytes | None:
+    """The metric curves ``{metric: {rank or "mean": (steps, values)}}`` (a record's
+    ``curves()``: downsampled, so the image costs the same for any run length) as PNG bytes.
 
     ``None`` when nothing was logged.  Uses matplotlib's Agg canvas directly: no pyplot, so no
     global figure state and no interactive backend is touched.
     """
-    points = full_series(wire_rows(history_rows), world_size)
     if not points:
         return None
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -116,7 +116,7 @@ class RunSummary:
     def png(self) -> bytes | None:
         """The curves as PNG bytes (drawn once)."""
         if not self._drawn:
-            self._png = curves_png(self.record.history.rows(), self.record.world_size)
+            self._png = curves_png(self.record.curves(), self.record.world_size)
             self._drawn = True
         return self._png
 
