@@ -2,7 +2,7 @@
 
 ``%load_ext phalanx`` adds the ``%cluster`` and ``%%distributed_fit`` magics.  Inside a
 ``%%distributed_fit`` cell, ``from phalanx import log, allreduce, broadcast, barrier, wrap,
-steps``.
+no_sync, steps``.
 
 Importing phalanx is cheap and side-effect free (engines import it too): the kernel-side parts
 are loaded on first use.
@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .runtime import allreduce, barrier, broadcast, bytes_sent, log, steps, wrap
+from .runtime import allreduce, barrier, broadcast, bytes_sent, log, no_sync, steps, wrap
 
 __version__ = "0.1.0"
-__all__ = ["log", "allreduce", "broadcast", "barrier", "wrap", "bytes_sent", "steps", "last_run", "manifest",
+__all__ = ["log", "allreduce", "broadcast", "barrier", "wrap", "no_sync", "bytes_sent", "steps", "last_run", "manifest",
            "cluster_widget", "data_parallel", "get_session", "load_ipython_extension",
            "unload_ipython_extension"]
 

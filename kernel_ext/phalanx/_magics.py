@@ -102,6 +102,8 @@ class PhalanxMagics(Magics):
     @argument("--resume", action="store_true", help="continue from the last commit")
     @argument("--max-restarts", type=int, default=0,
               help="R: restart a failing rank and resume, up to R times")
+    @argument("--uneven", default="join",
+              help="join | error: ranks that run out of data early answer the others, or fail")
     @line_cell_magic
     def distributed_fit(self, line: str, cell: str | None = None) -> Any:
         """Run the cell's training loop on every engine, data-parallel."""
@@ -116,7 +118,7 @@ class PhalanxMagics(Magics):
                                     widget=not args.no_widget,
                                     checkpoint_every=args.checkpoint_every,
                                     checkpoint_dir=args.checkpoint_dir, resume=args.resume,
-                                    max_restarts=args.max_restarts)
+                                    max_restarts=args.max_restarts, uneven=args.uneven)
             from .widgets import RunDisplay  # bokeh and ipywidgets: loaded on the first run, not at %load_ext
 
             shown = RunDisplay(self.session, self.shell, widget=opts.widget)

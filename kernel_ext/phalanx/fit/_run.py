@@ -243,7 +243,8 @@ class FitRunner(Recovery):
                  "names": sorted(prepared.blobs), "group": {**group, "rank": r},
                  "metrics_address": receiver.address, "sync": opts.sync, "every": opts.every,
                  "alpha": opts.alpha, "seed": opts.seed, "returns": list(opts.returns),
-                 "return_all": False, "checkpoint": checkpoint}
+                 "return_all": False, "checkpoint": checkpoint, "uneven": opts.uneven,
+                 "shard": list(opts.shard)}
                 for r in range(len(slots))]
 
     def _stash(self, slots: list, prepared: Prepared) -> None:

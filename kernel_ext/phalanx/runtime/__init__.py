@@ -4,11 +4,11 @@ Imports neither IPython nor ipywidgets: it runs in plain engine processes.
 """
 
 from ._collectives import allreduce, barrier, broadcast
-from ._hooks import wrap
+from ._hooks import no_sync, wrap
 from ._resume import steps
 from ._state import NotInRunError, current_run
 
-__all__ = ["log", "allreduce", "broadcast", "barrier", "wrap", "bytes_sent", "steps",
+__all__ = ["log", "allreduce", "broadcast", "barrier", "wrap", "no_sync", "bytes_sent", "steps",
            "NotInRunError"]
 
 

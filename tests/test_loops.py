@@ -1,0 +1,196 @@
+"""Real training loops through %%distributed_fit (zero-change mode) on 2 CPU ranks, each against
+the same loop run in one process on the full data: clipping, gradient accumulation, AMP with a
+GradScaler, uneven shards."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import run_cell
+
+pytestmark = pytest.mark.cluster
+
+SETUP = """
+import torch, numpy as np
+torch.manual_seed(0)
+X = torch.randn(64, 6)
+y = torch.sin(X @ torch.linspace(-1.0, 1.0, 6)) + 0.1
+model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+"""
+
+
+def _single_process(body: str, setup: str = SETUP, **names) -> dict:
+    """The cell's own loop in this process, on the full data (what one machine would compute)."""
+    ns: dict = {"rank": 0, "world_size": 1, "device": torch.device("cpu")}
+    exec(setup, ns)
+    ns.update(names)
+    exec(body, ns)
+    return ns
+
+
+def _params(model) -> np.ndarray:
+    return torch.cat([p.detach().flatten() for p in model.parameters()]).numpy()
+
+
+def _fit(shell, flags: str, body: str, setup: str = SETUP) -> dict:
+    run_cell(shell, setup)
+    run_cell(shell, f"%%distributed_fit --no-widget --shard X,y {flags}\n" + body)
+    return shell.user_ns
+
+
+CLIPPED = """
+from phalanx import no_sync
+opt = torch.optim.SGD(model.parameters(), lr=0.3, momentum=0.9)
+norms = []
+for step in range(10):
+    opt.zero_grad()
+    loss = ((model(X).squeeze(1) - y) ** 2).mean()
+    loss.backward()
+    norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)))
+    torch.nn.utils.clip_grad_value_(model.parameters(), 0.05)
+    opt.step()
+"""
+
+
+def test_clipping_sees_the_full_batch_gradient(two_engines, shell):
+    ns = _fit(shell, "--return model,norms", CLIPPED)
+    ref = _single_process(CLIPPED)
+    # the norms clipping saw are those of the full-batch gradient, not of a rank's half
+    np.testing.assert_allclose(ns["norms"], ref["norms"], rtol=1e-5)
+    assert max(ref["norms"]) > 0.5  # clipping did act
+    np.testing.assert_allclose(_params(ns["model"]), _params(ref["model"]), atol=1e-5)
+
+
+ACCUMULATED = """
+from phalanx import no_sync, bytes_sent
+import contextlib
+opt = torch.optim.Adam(model.parameters(), lr=0.01)
+micro = len(X) // 4
+for step in range(6):
+    opt.zero_grad(set_to_none=step % 2 == 0)
+    for i in range(4):
+        skip = USE_NO_SYNC and i < 3
+        with no_sync(model) if skip else contextlib.nullcontext():
+            loss = ((model(X[i * micro:(i + 1) * micro]).squeeze(1) - y[i * micro:(i + 1) * micro]) ** 2).mean()
+            (loss / 4).backward()
+    opt.step()
+sent = bytes_sent() if world_size > 1 else 0
+"""
+
+
+def test_gradient_accumulation_is_exact_and_no_sync_skips_the_micro_steps(two_engines, shell):
+    ref = _single_process(ACCUMULATED, USE_NO_SYNC=False)
+    runs = {}
+    for use in (False, True):
+        ns = _fit(shell, "--return model,sent", ACCUMULATED, SETUP + f"USE_NO_SYNC = {use}\n")
+        np.testing.assert_allclose(_params(ns["model"]), _params(ref["model"]), atol=1e-5)
+        runs[use] = ns["sent"]
+    # 4 gradient averagings per step without no_sync, 1 with it
+    assert runs[True] < runs[False] / 2, runs
+
+
+AMP = """
+scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+# One process takes the two halves the ranks hold as two micro-batches: bfloat16 rounds a
+# gradient summed over 64 rows differently from two summed over 32, which is not the point here.
+parts = [(X[:32], y[:32]), (X[32:], y[32:])] if world_size == 1 else [(X, y)]
+scales, skipped = [], 0
+for step in range(8):
+    opt.zero_grad()
+    for j, (xb, yb) in enumerate(parts):
+        half = j if world_size == 1 else rank
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(xb).float().squeeze(1)
+        loss = ((out - yb) ** 2).mean()
+        if step == 3 and half == 1:  # only rank 1's half overflows, once
+            loss = loss * float("inf")
+        scaler.scale(loss / len(parts)).backward()
+    before = scaler.get_scale()
+    scaler.unscale_(opt)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    scaler.step(opt)
+    scaler.update()
+    skipped += scaler.get_scale() < before
+    scales.append(scaler.get_scale())
+"""
+
+
+def test_gradscaler_skips_the_same_step_on_every_rank(two_engines, shell):
+    # Before, the rank that skipped its step left the other waiting until the collective timeout.
+    ns = _fit(shell, "--return model,scales,skipped --collective-timeout 20", AMP)
+    assert two_engines.last_run().steps == {0: 7, 1: 7}  # 8 iterations, one skipped everywhere
+    ref = _single_process(AMP)
+    assert ns["skipped"] == ref["skipped"] == 1
+    assert ns["scales"] == ref["scales"]
+    np.testing.assert_allclose(_params(ns["model"]), _params(ref["model"]), atol=1e-5)
+
+
+UNEVEN_SETUP = """
+import torch, numpy as np
+torch.manual_seed(1)
+X = torch.randn(101, 6)
+y = X.sum(1, keepdim=True) * 0.5
+model = torch.nn.Linear(6, 1)
+"""
+
+UNEVEN = """
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for i in range(0, len(X), 10):
+    opt.zero_grad()
+    loss = ((model(X[i:i + 10]) - y[i:i + 10]) ** 2).mean()
+    loss.backward()
+    opt.step()
+"""
+
+def _uneven_reference() -> torch.nn.Module:
+    """One process: step k takes batch k of each shard (rows 0-49 and 50-100) together."""
+    ns: dict = {}
+    exec(UNEVEN_SETUP, ns)
+    X, y, model = ns["X"], ns["y"], ns["model"]
+    shards = [(X[:50], y[:50]), (X[50:], y[50:])]
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for i in range(0, 60, 10):
+        xb = torch.cat([sx[i:i + 10] for sx, _ in shards])
+        yb = torch.cat([sy[i:i + 10] for _, sy in shards])
+        opt.zero_grad()
+        ((model(xb) - yb) ** 2).mean().backward()
+        opt.step()
+    return model
+
+
+def test_uneven_shards_join_and_end_equal(two_engines, shell):
+    ns = _fit(shell, "--return model --collective-timeout 20", UNEVEN, UNEVEN_SETUP)
+    assert two_engines.last_run().steps == {0: 5, 1: 6}
+    # rank 0 ran 5 steps; it returns the 6-step model because every rank ends with the parameters
+    # of the rank that ran longest
+    np.testing.assert_allclose(_params(ns["model"]), _params(_uneven_reference()), atol=1e-5)
+
+
+def test_uneven_error_names_each_ranks_steps_and_rows(two_engines, shell):
+    run_cell(shell, UNEVEN_SETUP)
+    started = time.monotonic()
+    from phalanx.fit import DistributedFitError
+
+    with pytest.raises(DistributedFitError) as info:
+        run_cell(shell, "%%distributed_fit --no-widget --shard X,y --uneven error "
+                        "--collective-timeout 30\n" + UNEVEN)
+    took = time.monotonic() - started
+    text = str(info.value)
+    assert "uneven inputs" in text
+    assert "rank 0 finished after 5 steps (50 rows" in text, text
+    assert "rank 1 still training after 5 steps (51 rows" in text, text
+    assert took < 2 + _dispatch_overhead(shell), took
+    run_cell(shell, UNEVEN_SETUP)  # the engines still work afterwards
+    run_cell(shell, "%%distributed_fit --no-widget --shard X,y\n" + UNEVEN)
+
+
+def _dispatch_overhead(shell) -> float:
+    """The time an even one-step run takes here, so the bound is about the failure alone."""
+    started = time.monotonic()
+    run_cell(shell, "%%distributed_fit --no-widget\nx = 1\n")
+    return time.monotonic() - started
