@@ -194,3 +194,79 @@ def _dispatch_overhead(shell) -> float:
     started = time.monotonic()
     run_cell(shell, "%%distributed_fit --no-widget\nx = 1\n")
     return time.monotonic() - started
+
+
+BRANCHES = """
+torch.manual_seed(0)
+heads = torch.nn.ModuleDict({"a": torch.nn.Linear(6, 1), "b": torch.nn.Linear(6, 1),
+                             "never": torch.nn.Linear(6, 1)})
+trunk = torch.nn.Linear(6, 6)
+trunk.weight.requires_grad_(False)  # frozen at first, trained from step 4 on
+opt = torch.optim.Adam(list(trunk.parameters()) + list(heads.parameters()), lr=0.05)
+# one process takes the ranks' halves as two micro-batches
+parts = [(0, X[:32], y[:32]), (1, X[32:], y[32:])] if world_size == 1 else [(rank, X, y)]
+for step in range(8):
+    if step == 4:
+        trunk.weight.requires_grad_(True)
+    opt.zero_grad()
+    for who, xb, yb in parts:
+        h = torch.tanh(trunk(xb))
+        out = heads["a"](h)
+        if who == 1 and step % 2 == 0:  # head b is used on rank 1 only, every other step
+            out = out + heads["b"](h)
+        (((out.squeeze(1) - yb) ** 2).mean() / len(parts)).backward()
+    opt.step()
+never_grad = heads["never"].weight.grad
+"""
+
+
+def test_parameters_without_gradients_on_some_ranks(two_engines, shell):
+    ns = _fit(shell, "--return trunk,heads,never_grad --collective-timeout 20", BRANCHES)
+    ref = _single_process(BRANCHES)
+    assert ns["never_grad"] is None  # no rank produced one: Adam left it alone, as in one process
+    for name in ("trunk", "heads"):
+        np.testing.assert_allclose(_params(ns[name]), _params(ref[name]), atol=1e-5)
+
+
+GAN = """
+import torch.nn.functional as F
+torch.manual_seed(0)
+tied = torch.nn.Linear(6, 6)
+G = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), tied, torch.nn.Tanh(),
+                        torch.nn.Linear(6, 6))
+G[4].weight = tied.weight  # one parameter shared by two layers
+D = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+opt_g = torch.optim.Adam(G.parameters(), lr=0.01)
+opt_d = torch.optim.SGD(D.parameters(), lr=0.05, momentum=0.5)
+sched_g = torch.optim.lr_scheduler.StepLR(opt_g, step_size=3, gamma=0.5)
+sched_d = torch.optim.lr_scheduler.ExponentialLR(opt_d, gamma=0.9)
+temperature = torch.nn.Parameter(torch.ones(1))
+for step in range(8):
+    if step == 3:  # a parameter group added mid-run
+        opt_d.add_param_group({"params": [temperature], "lr": 0.02})
+    opt_d.zero_grad(set_to_none=False)
+    fake = G(Z).detach()
+    scale = temperature if step >= 3 else 1.0
+    loss_d = F.softplus(-D(X) * scale).mean() + F.softplus(D(fake) * scale).mean()
+    loss_d.backward()
+    opt_d.step()
+    opt_g.zero_grad()
+    loss_g = F.softplus(-D(G(Z))).mean()
+    loss_g.backward()
+    opt_g.step()
+    sched_d.step()
+    sched_g.step()
+"""
+
+
+def test_gan_two_optimizers_schedulers_param_group_and_shared_weights(two_engines, shell):
+    setup = "import torch\ntorch.manual_seed(5)\nX = torch.randn(64, 6) + 1.0\nZ = torch.randn(64, 4)\n"
+    run_cell(shell, setup)
+    run_cell(shell, "%%distributed_fit --no-widget --shard X,Z --return G,D,temperature\n" + GAN)
+    ns = shell.user_ns
+    ref = _single_process(GAN, setup)
+    for name in ("G", "D"):
+        np.testing.assert_allclose(_params(ns[name]), _params(ref[name]), atol=1e-5)
+    np.testing.assert_allclose(ns["temperature"].detach().numpy(),
+                               ref["temperature"].detach().numpy(), atol=1e-5)
+    assert ns["G"][4].weight is ns["G"][2].weight  # still shared after the trip back
