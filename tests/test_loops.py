@@ -270,3 +270,62 @@ def test_gan_two_optimizers_schedulers_param_group_and_shared_weights(two_engine
     np.testing.assert_allclose(ns["temperature"].detach().numpy(),
                                ref["temperature"].detach().numpy(), atol=1e-5)
     assert ns["G"][4].weight is ns["G"][2].weight  # still shared after the trip back
+
+
+BATCHNORM = """
+from phalanx import log, wrap
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8), torch.nn.Tanh(),
+                            torch.nn.Linear(8, 1))
+net = wrap(model) if WRAP else model
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+for step in range(6):
+    opt.zero_grad()
+    loss = ((net(X).squeeze(1) - y) ** 2).mean()
+    loss.backward()
+    opt.step()
+log(running_mean=float(model[1].running_mean.sum()), batches=int(model[1].num_batches_tracked))
+"""
+
+
+def _state(model) -> np.ndarray:
+    return torch.cat([t.detach().double().flatten() for t in model.state_dict().values()]).numpy()
+
+
+def test_batchnorm_buffers_follow_rank_0_as_under_ddp(two_engines, shell):
+    results = {}
+    for wrap in (True, False):
+        ns = _fit(shell, "--return model", BATCHNORM, SETUP + f"WRAP = {wrap}\n")
+        results[wrap] = _state(ns["model"])
+        rows = [r for r in two_engines.last_run().history.rows() if "running_mean" in r]
+        if not wrap:  # every rank holds rank 0's running statistics
+            assert len(rows) == 2 and rows[0]["running_mean"] == rows[1]["running_mean"], rows
+    np.testing.assert_allclose(results[False], results[True], atol=1e-5)
+
+
+def test_sync_batchnorm_on_cpu_is_refused_with_what_to_do(two_engines, shell):
+    from phalanx.fit import DistributedFitError
+
+    run_cell(shell, SETUP)
+    with pytest.raises(DistributedFitError, match="SyncBatchNorm needs CUDA tensors"):
+        run_cell(shell, "%%distributed_fit --no-widget --shard X,y\n" + BATCHNORM.replace(
+            "net = wrap(model) if WRAP else model",
+            "net = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)"))
+
+
+COMPILED = """
+net = torch.compile(model)
+opt = torch.optim.SGD(model.parameters(), lr=0.2)
+for step in range(5):
+    opt.zero_grad()
+    loss = ((net(X).squeeze(1) - y) ** 2).mean()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+    opt.step()
+"""
+
+
+def test_compiled_model(two_engines, shell):
+    ns = _fit(shell, "--return model", COMPILED)
+    ref = _single_process(COMPILED.replace("torch.compile(model)", "model"))
+    np.testing.assert_allclose(_params(ns["model"]), _params(ref["model"]), atol=1e-5)

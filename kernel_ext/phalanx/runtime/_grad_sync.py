@@ -10,7 +10,11 @@ before ``backward()`` returns.  The callback
    and about 25 MB, and hands each strategy its buckets (``strategy.average_gradients``), so a
    model costs one collective per bucket, not one per parameter;
 3. copies the averages back into ``.grad`` and leaves ``.grad`` at ``None`` where no rank
-   produced a gradient (as one process would, so optimizers skip those parameters).
+   produced a gradient (as one process would, so optimizers skip those parameters);
+4. gives every rank rank 0's buffers (BatchNorm running statistics) of the modules that ran
+   forward in training mode, as DDP does by default (DDP copies them before each forward; here
+   they are copied after each backward, so rank 0's statistics - the ones ``--return`` brings
+   back - are the same either way).
 
 Whatever runs between ``backward()`` and ``step()`` - clipping, ``GradScaler.unscale_`` and its
 inf check, logging - therefore sees the same gradients on every rank, the ones one process sees
@@ -44,6 +48,8 @@ class GradientSync:
         self._hooks: dict[int, Any] = {}           # id(param) -> hook handle
         self._suppressed: dict[int, int] = {}      # id(param) -> open no_sync contexts
         self._queued_for: int | None = None  # the autograd graph task our callback waits on
+        self._modules: list = []                   # modules with buffers, in first-forward order
+        self._module_ids: set[int] = set()
         join.param_count = lambda: len(self._layout_params())
 
     def track(self, optimizer: Any, strategy: Any) -> None:
@@ -61,6 +67,25 @@ class GradientSync:
         for handle in self._hooks.values():
             handle.remove()
         self._hooks.clear()
+        self._modules.clear()
+
+    def on_forward(self, module: Any, args: Any) -> None:
+        """Global forward pre-hook: remember training modules that hold buffers."""
+        if not module._buffers or id(module) in self._module_ids or not module.training:
+            return
+        import torch
+
+        if not torch.is_grad_enabled() or not self._groups:
+            return
+        if isinstance(module, torch.nn.SyncBatchNorm) and self.run.world_size > 1 and \
+                args and getattr(args[0], "is_cpu", False):
+            raise ValueError("SyncBatchNorm needs CUDA tensors in torch; on CPU keep plain "
+                             "BatchNorm (phalanx gives every rank rank 0's running statistics, "
+                             "as DDP does) or train on GPUs")
+        if any(id(p) in self.run.ddp_param_ids for p in module.parameters(recurse=False)):
+            return  # a wrap()ped model: DDP broadcasts its buffers itself
+        self._module_ids.add(id(module))
+        self._modules.append(module)
 
     @contextlib.contextmanager
     def suppressed(self, params: list) -> Iterator[None]:
@@ -121,6 +146,9 @@ class GradientSync:
             for p, used in zip(params, info.used):
                 if not used and id(p) in active:
                     p.grad = None  # no rank produced one: keep it absent, as one process would
+        buffers = [b for m in self._modules for b in m.buffers(recurse=False) if b is not None]
+        if buffers and self.join.world_size > 1:
+            self.run.collectives.broadcast(buffers, src=0)
 
     def _layout_params(self) -> list:
         """Every parameter whose gradient is synchronised, in the same order on every rank."""

@@ -57,8 +57,11 @@ class StepHooks:
         from torch.optim.optimizer import (register_optimizer_step_post_hook,
                                            register_optimizer_step_pre_hook)
 
+        from torch.nn.modules.module import register_module_forward_pre_hook
+
         self._handles = [register_optimizer_step_pre_hook(self._before_step),
-                         register_optimizer_step_post_hook(self._after_step)]
+                         register_optimizer_step_post_hook(self._after_step),
+                         register_module_forward_pre_hook(self.grads.on_forward)]
         orig = self._orig_init = torch.optim.Optimizer.__init__
         hooks = self
 
