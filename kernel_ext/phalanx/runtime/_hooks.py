@@ -60,8 +60,9 @@ class StepHooks:
         from torch.nn.modules.module import register_module_forward_pre_hook
 
         self._handles = [register_optimizer_step_pre_hook(self._before_step),
-                         register_optimizer_step_post_hook(self._after_step),
-                         register_module_forward_pre_hook(self.grads.on_forward)]
+                         register_optimizer_step_post_hook(self._after_step)]
+        if self.run.world_size > 1:  # buffers to broadcast: nothing to do on one rank
+            self._handles.append(register_module_forward_pre_hook(self.grads.on_forward))
         orig = self._orig_init = torch.optim.Optimizer.__init__
         hooks = self
 

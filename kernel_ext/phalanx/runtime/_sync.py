@@ -281,7 +281,9 @@ def _resolve(spec: Any) -> Any:
         raise ValueError(f"unknown sync strategy {spec!r}; expected one of "
                          f"{', '.join(STRATEGIES)} or a dotted name like 'pkg.mod.MyStrategy'")
     try:
-        module = sys.modules.get(module_name) or importlib.import_module(module_name)
+        # import_module, not a sys.modules lookup: a module another thread is still importing
+        # sits in sys.modules half-initialised; import_module waits for it
+        module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ValueError(f"sync strategy {spec!r}: cannot import {module_name!r} ({exc})") from exc
     try:
