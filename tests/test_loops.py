@@ -329,3 +329,30 @@ def test_compiled_model(two_engines, shell):
     ns = _fit(shell, "--return model", COMPILED)
     ref = _single_process(COMPILED.replace("torch.compile(model)", "model"))
     np.testing.assert_allclose(_params(ns["model"]), _params(ref["model"]), atol=1e-5)
+
+
+PLAIN = """
+net = wrap(model) if WRAP else model
+opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+for step in range(6):
+    opt.zero_grad()
+    ((net(X).squeeze(1) - y) ** 2).mean().backward()
+    opt.step()
+"""
+
+
+def test_user_strategy_average_gradients_hook_zero_change_and_under_wrap(two_engines, shell):
+    # the strategy halves the averaged gradient: SGD then moves as with half the learning rate
+    ref = _single_process(PLAIN, WRAP=False, LR=0.15, MOMENTUM=0.9)
+    for wrap in (False, True):
+        setup = SETUP + f"from phalanx import wrap\nWRAP = {wrap}\nLR = 0.3\nMOMENTUM = 0.9\n"
+        ns = _fit(shell, "--return model --sync loops_strategies.HalfStepAllreduce", PLAIN, setup)
+        np.testing.assert_allclose(_params(ns["model"]), _params(ref["model"]), atol=1e-5,
+                                   err_msg=f"wrap={wrap}")
+
+
+def test_wrap_with_parameter_averaging_keeps_local_gradients(two_engines, shell):
+    setup = SETUP + "from phalanx import wrap\nWRAP = True\nLR = 0.3\nMOMENTUM = 0.0\n"
+    ns = _fit(shell, "--return model --sync localsgd --every 1", PLAIN, setup)
+    ref = _single_process(PLAIN, WRAP=False, LR=0.3, MOMENTUM=0.0)  # plain SGD: the same thing
+    np.testing.assert_allclose(_params(ns["model"]), _params(ref["model"]), atol=1e-5)

@@ -230,7 +230,9 @@ def patch_partial_fit(estimator: Any, run: RunContext) -> Any:
 
 # --- DDP -------------------------------------------------------------------------------------
 
-def _noop_hook(state: Any, bucket: Any) -> Any:
+# DDP refuses a comm hook whose ``bucket`` or return annotation is anything but GradBucket and
+# Future[Tensor] (as strings under ``from __future__ import annotations``): the hooks have none.
+def _noop_hook(state, bucket):  # type: ignore[no-untyped-def]
     """A DDP comm hook that keeps local gradients: for strategies that average parameters."""
     import torch
 
@@ -239,7 +241,7 @@ def _noop_hook(state: Any, bucket: Any) -> Any:
     return future
 
 
-def _strategy_hook(strategy: Any, bucket: Any) -> Any:
+def _strategy_hook(strategy, bucket):  # type: ignore[no-untyped-def]
     """A DDP comm hook handing each bucket to a user strategy's ``average_gradients``."""
     import torch
 
