@@ -75,7 +75,8 @@ for step in range(6):
     for i in range(4):
         skip = USE_NO_SYNC and i < 3
         with no_sync(model) if skip else contextlib.nullcontext():
-            loss = ((model(X[i * micro:(i + 1) * micro]).squeeze(1) - y[i * micro:(i + 1) * micro]) ** 2).mean()
+            rows = slice(i * micro, (i + 1) * micro)
+            loss = ((model(X[rows]).squeeze(1) - y[rows]) ** 2).mean()
             (loss / 4).backward()
     opt.step()
 sent = bytes_sent() if world_size > 1 else 0

@@ -82,8 +82,12 @@ def _tensor_view(t: Any, writebacks: list, reduce: bool = True) -> np.ndarray:
         t = t.detach()
     torch = sys.modules["torch"]
     if t.dtype == torch.bfloat16:
-        wire = t.to("cpu", torch.float32) if reduce else t.to("cpu", copy=True).contiguous().view(torch.int16)
-        writebacks.append(lambda t=t, wire=wire: t.copy_(wire if reduce else wire.view(torch.bfloat16)))
+        if reduce:
+            wire = t.to("cpu", torch.float32)
+            writebacks.append(lambda t=t, wire=wire: t.copy_(wire))
+        else:
+            wire = t.to("cpu", copy=True).contiguous().view(torch.int16)
+            writebacks.append(lambda t=t, wire=wire: t.copy_(wire.view(torch.bfloat16)))
         return wire.numpy().reshape(-1)
     if t.is_cpu and t.is_contiguous():
         try:
