@@ -35,7 +35,10 @@ def _throughput(d: dict) -> list[dict]:
             ("magic_1_vs_plain", "1 worker vs plain loop", "plain"),
             ("magic_2_allreduce_vs_torchrun_ddp", "2 workers allreduce vs torchrun+DDP", "torchrun_ddp_2"),
             ("magic_2_localsgd_vs_torchrun_ddp", "2 workers localsgd (K=4) vs torchrun+DDP", "torchrun_ddp_2"),
-            ("magic_2_wrap_vs_torchrun_ddp", "2 workers wrap() (DDP) vs torchrun+DDP", "torchrun_ddp_2")):
+            ("magic_2_wrap_vs_torchrun_ddp", "2 workers wrap() (DDP) vs torchrun+DDP", "torchrun_ddp_2"),
+            ("magic_2_allreduce_vs_wrap", "2 workers zero-change vs wrap() (DDP)", "magic_2_wrap")):
+        if key not in r:  # results written before this ratio existed
+            continue
         rows.append(_row("throughput", label, r[key], ">= 0.97x", r[key] >= 0.97,
                          f"baseline {sps[base]['median']:.0f} samples/s"))
     rows.append(_row("throughput", "scaling efficiency, 2 workers allreduce",

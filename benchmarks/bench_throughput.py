@@ -96,6 +96,7 @@ def main(argv: list[str] | None = None) -> dict:
         "magic_2_allreduce_vs_torchrun_ddp": m["magic_2_allreduce"] / m["torchrun_ddp_2"],
         "magic_2_localsgd_vs_torchrun_ddp": m["magic_2_localsgd"] / m["torchrun_ddp_2"],
         "magic_2_wrap_vs_torchrun_ddp": m["magic_2_wrap"] / m["torchrun_ddp_2"],
+        "magic_2_allreduce_vs_wrap": m["magic_2_allreduce"] / m["magic_2_wrap"],
         "scaling_efficiency_allreduce": m["magic_2_allreduce"] / (2 * m["magic_1"]),
         "scaling_efficiency_torchrun": m["torchrun_ddp_2"] / (2 * m["plain"]),
     }

@@ -11,7 +11,13 @@ import torch
 
 from phalanx.runtime._comm import make_thread_communicators
 from phalanx.runtime._sync import (EASGD, AllreduceSync, LocalSGD, NoSync, SyncStrategy,
-                                   make_strategy)
+                                   make_strategy, param_grads)
+
+
+def _end_of_backward(strategy, params, step):
+    """What the runtime does when backward completes, then just before ``step()``."""
+    strategy.average_gradients(param_grads(params), step)
+    strategy.before_step(params, step)
 
 
 def run_ranks(n, fn, timeout=20.0):
@@ -81,7 +87,7 @@ def distributed(spec, steps=20, lr=0.1, every=1, alpha=0.5, n=2, data=None):
         strategy.start(params)
         rows = slice(comm.rank * shard, (comm.rank + 1) * shard)
         xs, ys = x[rows], y[rows]
-        train(model, xs, ys, steps, lr, lambda s: strategy.before_step(params, s),
+        train(model, xs, ys, steps, lr, lambda s: _end_of_backward(strategy, params, s),
               lambda s: strategy.after_step(params, s))
         strategy.finish(params)
         return [p.detach().clone() for p in params]
@@ -191,7 +197,7 @@ def test_missing_gradient_becomes_zeros_on_every_rank():
     def body(comm):
         used, unused = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(3))
         (used * (comm.rank + 1)).sum().backward()
-        AllreduceSync(comm).before_step([used, unused], 0)
+        AllreduceSync(comm).average_gradients(param_grads([used, unused]), 0)
         return used.grad.clone(), unused.grad.clone()
 
     for used, unused in run_ranks(2, body):

@@ -2,7 +2,7 @@
 
 ``%load_ext phalanx`` adds the ``%cluster`` and ``%%distributed_fit`` magics.  Inside a
 ``%%distributed_fit`` cell, ``from phalanx import log, allreduce, broadcast, barrier, wrap,
-steps``.
+no_sync, steps``.
 
 Your own sync rule: subclass ``SyncStrategy`` in a notebook cell and pass its name to the magic
 (``%%distributed_fit --sync EveryThird``); ``param_values``, ``param_grads``, ``latest_metrics``
@@ -24,11 +24,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from .runtime import allreduce, barrier, broadcast, bytes_sent, latest_metrics, log, steps, wrap
+from .runtime import allreduce, barrier, broadcast, bytes_sent, latest_metrics, log, no_sync, steps, wrap
 
 __version__ = "0.1.0"
-__all__ = ["log", "allreduce", "broadcast", "barrier", "wrap", "bytes_sent", "steps", "latest_metrics",
-           "SyncStrategy", "param_values", "param_grads", "Communicator", "last_run", "manifest",
+__all__ = ["log", "allreduce", "broadcast", "barrier", "wrap", "no_sync", "bytes_sent", "steps",
+           "latest_metrics", "SyncStrategy", "param_values", "param_grads", "Communicator",
+           "last_run", "manifest",
            "cluster_widget", "data_parallel", "get_session", "load_ipython_extension",
            "unload_ipython_extension"]
 

@@ -117,6 +117,8 @@ class PhalanxMagics(Magics):
     @argument("--keep-history", default=None,
               help="DIR: keep the run's complete metric history there (default: removed with "
                    "the kernel's temporary data)")
+    @argument("--uneven", default="join",
+              help="join | error: ranks that run out of data early answer the others, or fail")
     @line_cell_magic
     def distributed_fit(self, line: str, cell: str | None = None) -> Any:
         """Run the cell's training loop on every engine, data-parallel."""
@@ -131,7 +133,7 @@ class PhalanxMagics(Magics):
                                     widget=not args.no_widget,
                                     checkpoint_every=args.checkpoint_every,
                                     checkpoint_dir=args.checkpoint_dir, resume=args.resume,
-                                    max_restarts=args.max_restarts,
+                                    max_restarts=args.max_restarts, uneven=args.uneven,
                                     keep_history=args.keep_history)
             from .widgets import RunDisplay  # bokeh and ipywidgets: loaded on the first run, not at %load_ext
 

@@ -15,6 +15,7 @@ from typing import Any
 
 STRATEGIES = ("allreduce", "localsgd", "easgd", "none")
 BACKENDS = ("auto", "nccl", "gloo", "mpi")
+UNEVEN = ("join", "error")  # ranks that run out of data early: answer the others, or fail
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
 
@@ -55,6 +56,7 @@ class FitOptions:
     resume: bool = False
     max_restarts: int = 0
     keep_history: str | None = None
+    uneven: str = "join"
     extra: dict = field(default_factory=dict)
 
     @classmethod
@@ -63,7 +65,7 @@ class FitOptions:
               seed: Any = None, steps: Any = None, timeout: Any = None,
               collective_timeout: Any = 60.0, name: str | None = None,
               widget: bool = True, checkpoint_every: Any = None, checkpoint_dir: str | None = None,
-              resume: bool = False, max_restarts: Any = 0,
+              resume: bool = False, max_restarts: Any = 0, uneven: str = "join",
               keep_history: str | None = None) -> "FitOptions":
         """Check every flag and return the options, or raise :class:`FitUsageError`."""
         # A plain name may be a notebook class: the runner checks it against the notebook.
@@ -73,6 +75,9 @@ class FitOptions:
                                 "dotted name of an installed one (pkg.mod.Class)")
         if backend not in BACKENDS:
             raise FitUsageError(f"unknown --backend {backend!r}: use one of {', '.join(BACKENDS)}")
+        if uneven not in UNEVEN:
+            raise FitUsageError(f"unknown --uneven {uneven!r}: use join (finished ranks answer the "
+                                "others with zero gradients) or error (fail naming each rank's steps)")
         _positive_int(every, "--every")
         if not 0 < float(alpha) <= 1:
             raise FitUsageError(f"--alpha must be in (0, 1], got {alpha}")
@@ -92,7 +97,8 @@ class FitOptions:
                    collective_timeout=float(collective_timeout), name=name, widget=widget,
                    checkpoint_every=None if checkpoint_every is None else int(checkpoint_every),
                    checkpoint_dir=checkpoint_dir or None, resume=bool(resume),
-                   max_restarts=int(max_restarts), keep_history=_keep_dir(keep_history))
+                   max_restarts=int(max_restarts), uneven=uneven,
+                   keep_history=_keep_dir(keep_history))
 
     @property
     def checkpointed(self) -> bool:

@@ -268,7 +268,8 @@ class FitRunner(Recovery):
                  "sync": prepared.strategy or opts.sync,
                  "sync_from_notebook": prepared.strategy is not None, "every": opts.every,
                  "alpha": opts.alpha, "seed": opts.seed, "returns": list(opts.returns),
-                 "return_all": False, "checkpoint": checkpoint}
+                 "return_all": False, "checkpoint": checkpoint, "uneven": opts.uneven,
+                 "shard": list(opts.shard)}
                 for r in range(len(slots))]
 
     def _stash(self, slots: list, prepared: Prepared) -> None:

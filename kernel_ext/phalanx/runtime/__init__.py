@@ -39,11 +39,11 @@ Example (two ranks as threads, with the in-process communicator used for testing
 from importlib import import_module
 
 from ._collectives import allreduce, barrier, broadcast
-from ._hooks import wrap
+from ._hooks import no_sync, wrap
 from ._resume import steps
 from ._state import NotInRunError, current_run
 
-__all__ = ["log", "allreduce", "broadcast", "barrier", "wrap", "bytes_sent", "steps",
+__all__ = ["log", "allreduce", "broadcast", "barrier", "wrap", "no_sync", "bytes_sent", "steps",
            "latest_metrics", "SyncStrategy", "param_values", "param_grads", "Communicator",
            "NotInRunError"]
 

@@ -155,7 +155,7 @@ class ThreadCommunicator:
 
     def broadcast(self, arrays: Any, src: int = 0) -> None:
         """Copy rank ``src``'s arrays into every rank's arrays."""
-        views, writebacks = host_views(as_list(arrays))
+        views, writebacks = host_views(as_list(arrays), reduce=False)
         sig = f"broadcast/{src}/" + ",".join(f"{v.dtype}:{v.size}" for v in views)
         nbytes = sum(v.nbytes for v in views)
         payload = [v.copy() for v in views] if self.rank == src else []

@@ -232,16 +232,22 @@ class TorchCommunicator:
         return CollectiveError(msg, [], what)
 
 
+# dtypes gloo refuses, carried in a wider one (int16 sums wrap the same way when cast back)
+_WIRE = {torch.int16: torch.int32}
+
+
 class _Bucket:
     """One (device, dtype) group as a single flat tensor, written back after the collective."""
 
     def __init__(self, tensors: list[torch.Tensor], device: torch.device) -> None:
         first = tensors[0]
+        wire = _WIRE.get(first.dtype, first.dtype)
         self.nbytes = sum(t.nbytes for t in tensors)
-        if len(tensors) == 1 and first.is_contiguous() and first.device == device:
+        if len(tensors) == 1 and first.is_contiguous() and first.device == device \
+                and wire == first.dtype:
             self.buf, self.outs = first, None
         else:  # coalesce: one collective instead of one per tensor
-            self.buf = torch.cat([t.reshape(-1).to(device) for t in tensors])
+            self.buf = torch.cat([t.reshape(-1).to(device, wire) for t in tensors])
             self.outs = tensors
 
     def finish(self) -> None:

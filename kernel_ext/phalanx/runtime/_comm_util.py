@@ -42,11 +42,14 @@ def check_op(op: str, dtypes: Sequence[np.dtype] = ()) -> Any:
     return _UFUNCS[op]
 
 
-def host_views(arrays: list) -> tuple[list[np.ndarray], list[Callable[[], None]]]:
+def host_views(arrays: list, reduce: bool = True) -> tuple[list[np.ndarray], list[Callable[[], None]]]:
     """Flat writable numpy views of CPU tensors / numpy arrays, plus write-backs for copies.
 
     A contiguous array or CPU tensor is viewed without a copy; anything else (non-contiguous,
     CUDA) is staged through a host copy that the returned write-back puts back in place.
+    Tensors whose dtype numpy lacks (bfloat16) are staged as float32 for a reduction (rounded
+    back once: on two ranks the result is bit-identical to gloo's) and as raw 16-bit words
+    when ``reduce`` is false (a broadcast moves bytes).
     """
     views: list[np.ndarray] = []
     writebacks: list[Callable[[], None]] = []
@@ -61,7 +64,7 @@ def host_views(arrays: list) -> tuple[list[np.ndarray], list[Callable[[], None]]
             writebacks.append(lambda x=x, tmp=tmp: np.copyto(x, tmp))
             views.append(tmp.reshape(-1))
         elif _is_tensor(x):
-            views.append(_tensor_view(x, writebacks))
+            views.append(_tensor_view(x, writebacks, reduce))
         else:
             raise TypeError("collectives take torch tensors or numpy arrays, got "
                             f"{type(x).__name__}")
@@ -74,9 +77,18 @@ def _is_tensor(x: Any) -> bool:
     return torch is not None and isinstance(x, torch.Tensor)
 
 
-def _tensor_view(t: Any, writebacks: list) -> np.ndarray:
+def _tensor_view(t: Any, writebacks: list, reduce: bool = True) -> np.ndarray:
     if t.requires_grad:  # .numpy() refuses those; writing through the view bypasses autograd
         t = t.detach()
+    torch = sys.modules["torch"]
+    if t.dtype == torch.bfloat16:
+        if reduce:
+            wire = t.to("cpu", torch.float32)
+            writebacks.append(lambda t=t, wire=wire: t.copy_(wire))
+        else:
+            wire = t.to("cpu", copy=True).contiguous().view(torch.int16)
+            writebacks.append(lambda t=t, wire=wire: t.copy_(wire.view(torch.bfloat16)))
+        return wire.numpy().reshape(-1)
     if t.is_cpu and t.is_contiguous():
         try:
             view = t.numpy()

@@ -17,6 +17,7 @@ import time
 import traceback
 from typing import Any
 
+from ._hooks import finish_uneven
 from ._resume import StopForResize, make_checkpointer
 from ._state import RunContext, engine_state
 
@@ -59,6 +60,7 @@ def run_cell(spec: dict, shard_blob: bytes | None) -> dict:
         hooks = _install_hooks(run, namespace)
         code = _compile(spec["body"])
         exec(code, namespace)
+        finish_uneven(run)  # ranks that still train get answers until every rank is done
         for strategy, params_fn in run.tracked:
             strategy.finish(params_fn())
         _cleanup(run, hooks)
@@ -134,8 +136,18 @@ def _ensure_group(state: Any, spec: dict) -> Any:
     return state.group
 
 
+def _shard_rows(namespace: dict, spec: dict) -> int | None:
+    """Rows of this rank's ``--shard`` data (for the uneven-inputs message), if any."""
+    for name in spec.get("shard", ()):
+        value = namespace.get(name)
+        if value is not None and hasattr(value, "__len__"):
+            return len(value)
+    return None
+
+
 def _new_run(spec: dict, group: Any, namespace: dict) -> RunContext:
     from ._collectives import Collectives
+    from ._join import JoinControl
     from ._metrics import MetricsSender
 
     # A notebook-defined strategy arrives as a shipped name: this run's copy of the class.
@@ -145,6 +157,7 @@ def _new_run(spec: dict, group: Any, namespace: dict) -> RunContext:
                      alpha=spec["alpha"])
     run.collectives = Collectives(group)
     run.bytes_at_start = run.collectives.bytes_sent
+    run.join = JoinControl(run.collectives, spec.get("uneven", "join"), _shard_rows(namespace, spec))
     run.metrics = MetricsSender(spec["metrics_address"], spec["run_id"], spec["rank"],
                                 spec.get("metrics_token", ""))
     return run
@@ -174,10 +187,12 @@ def _seed(seed: int | None, rank: int) -> None:
 
 
 def _install_hooks(run: RunContext, namespace: dict) -> Any:
-    from ._hooks import StepHooks, is_incremental_estimator, patch_partial_fit
+    from ._hooks import StepHooks, attach_existing_optimizers, is_incremental_estimator, \
+        patch_partial_fit
 
     hooks = StepHooks(run)
     hooks.install()
+    attach_existing_optimizers(hooks, namespace)
     for value in list(namespace.values()):
         if is_incremental_estimator(value):
             patch_partial_fit(value, run)

@@ -1,24 +1,29 @@
-"""Zero-change mode: the sync strategy is applied around the user's own optimizer steps.
+"""Zero-change mode: the sync strategy is applied around the user's own loop.
 
 While a cell runs, phalanx
 
 * wraps ``torch.optim.Optimizer.__init__`` so every new optimizer's parameters are broadcast from
   rank 0 *before* the first forward pass (every rank then computes gradients on the same model);
-* registers torch's global optimizer step pre/post hooks: before ``step()`` the strategy may
-  average gradients, after it the strategy may average parameters, and the step is counted;
+  optimizers that reached the cell already built are attached when the cell starts;
+* averages gradients when each ``backward()`` completes (:mod:`._grad_sync`), for strategies that
+  act on gradients, so clipping, GradScaler and logging see single-process gradients;
+* registers torch's global optimizer step pre/post hooks: after ``step()`` the strategy may
+  average parameters, and the step is counted;
 * patches ``partial_fit`` of scikit-learn estimators the cell received, so incremental learners
   get parameter averaging through the same strategies.
 
-Everything is undone when the cell ends.  ``wrap(model)`` gives the full-speed path: a
-DistributedDataParallel model (bucketing, overlap of communication with backward) with a comm hook
+Ranks that run out of data early keep answering the others (:mod:`._join`).  Everything is undone
+when the cell ends.  ``wrap(model)`` gives DistributedDataParallel itself, with a comm hook
 chosen by the strategy.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+from typing import Any, Callable, Iterator
 
-from ._state import RunContext, current_run
+from ._join import KIND_GRADIENTS
+from ._state import RunContext, current_run, engine_state
 
 
 def _make_strategy(run: RunContext) -> Any:
@@ -35,21 +40,29 @@ class StepHooks:
     """Install and remove the torch hooks for one run."""
 
     def __init__(self, run: RunContext) -> None:
+        from ._grad_sync import GradientSync
+
         self.run = run
         self._handles: list = []
         self._orig_init: Callable | None = None
         self._primary: int | None = None
-        # On one rank these strategies change nothing: skip them so a one-worker run costs what
-        # a plain loop costs (EASGD is not the identity on one rank: its centre still pulls).
-        self._identity = run.world_size == 1 and run.strategy_spec in ("allreduce", "localsgd", "none")
+        self.grads = run.grad_sync = GradientSync(run, run.join)
+
+    def _skipped(self, strategy: Any) -> bool:
+        """On one rank a strategy that says it is the identity there costs nothing."""
+        return self.run.world_size == 1 and bool(strategy.identity_on_one_rank)
 
     def install(self) -> None:
         import torch
         from torch.optim.optimizer import (register_optimizer_step_post_hook,
                                            register_optimizer_step_pre_hook)
 
+        from torch.nn.modules.module import register_module_forward_pre_hook
+
         self._handles = [register_optimizer_step_pre_hook(self._before_step),
                          register_optimizer_step_post_hook(self._after_step)]
+        if self.run.world_size > 1:  # buffers to broadcast: nothing to do on one rank
+            self._handles.append(register_module_forward_pre_hook(self.grads.on_forward))
         orig = self._orig_init = torch.optim.Optimizer.__init__
         hooks = self
 
@@ -66,6 +79,7 @@ class StepHooks:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        self.grads.remove()
         if self._orig_init is not None:
             torch.optim.Optimizer.__init__ = self._orig_init  # type: ignore[method-assign]
             self._orig_init = None
@@ -80,31 +94,102 @@ class StepHooks:
         strategy.start(params)
         self.run.strategies[key] = strategy
         self.run.tracked.append((strategy, lambda o=optimizer: _optimizer_params(o)))
+        if strategy.averages_gradients and not self._skipped(strategy):
+            self.grads.track(optimizer, strategy)
         if self._primary is None:
             self._primary = key
 
     def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if id(optimizer) not in self.run.strategies:
-            self.attach(optimizer)  # created before the cell started (shipped from the notebook)
-        if self._identity:
-            return
+            self.attach(optimizer)  # created outside the hooks' reach
         strategy = self.run.strategies[id(optimizer)]
-        params = _optimizer_params(optimizer)
-        if strategy.averages_gradients and self.run.ddp_param_ids:
-            params = [p for p in params if id(p) not in self.run.ddp_param_ids]  # DDP did it
-            if not params:
-                return
-        strategy.before_step(params, self.run.steps)
+        if self._skipped(strategy):
+            return
+        self.grads.refresh()  # add_param_group, requires_grad switched on
+        strategy.before_step(_optimizer_params(optimizer), self.run.steps)
 
     def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if not self._identity:
-            strategy = self.run.strategies[id(optimizer)]
+        run = self.run
+        strategy = run.strategies[id(optimizer)]
+        if not self._skipped(strategy):
+            params = _optimizer_params(optimizer)
             # Strategies take the 0-based index of the step just taken (as before_step saw it).
-            strategy.after_step(_optimizer_params(optimizer), self.run.steps)
+            if strategy.after_step_communicates(params, run.steps):
+                run.join.round(after_step_kind(run, strategy), run.steps, run.steps)
+            strategy.after_step(params, run.steps)
         if id(optimizer) == self._primary:
-            self.run.steps += 1
-            if self.run.metrics is not None:
-                self.run.metrics.set_step(self.run.steps)
+            run.steps += 1
+            if run.metrics is not None:
+                run.metrics.set_step(run.steps)
+
+
+def after_step_kind(run: RunContext, strategy: Any) -> int:
+    """The control-round kind announcing ``strategy``'s after_step (see :mod:`._join`)."""
+    index = next(i for i, (s, _) in enumerate(run.tracked) if s is strategy)
+    return KIND_GRADIENTS + 1 + index
+
+
+def attach_existing_optimizers(hooks: StepHooks, namespace: dict) -> None:
+    """Optimizers built in the notebook and shipped with the cell: attach before the first
+    backward pass (same order on every rank: the namespace is built from the same names)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    for value in list(namespace.values()):
+        if isinstance(value, torch.optim.Optimizer):
+            hooks.attach(value)
+
+
+def finish_uneven(run: RunContext) -> None:
+    """The cell body returned: answer the ranks still training until every rank is done, then
+    give every rank the parameters of the rank that ran the most steps."""
+    if run.world_size == 1 or run.join is None:
+        return
+
+    def shadow(kind: int, step: int) -> None:
+        if kind == KIND_GRADIENTS:
+            run.grad_sync.shadow()
+        else:
+            strategy, params_fn = run.tracked[kind - KIND_GRADIENTS - 1]
+            strategy.after_step(params_fn(), step)
+
+    info = run.join.serve(run.steps, shadow)
+    if len(set(info.steps)) > 1:
+        from ._sync import param_values
+
+        src = info.steps.index(max(info.steps))
+        for _strategy, params_fn in run.tracked:
+            run.collectives.broadcast(param_values(params_fn()), src=src)
+
+
+@contextlib.contextmanager
+def no_sync(model: Any) -> Iterator[None]:
+    """Backward passes inside skip the gradient averaging of ``model``'s parameters: gradients
+    accumulate locally and the next backward pass outside averages the sum (DDP's ``no_sync``).
+
+    Outside ``%%distributed_fit`` it does nothing, so the same loop runs in one process.
+
+    Example (gradient accumulation over 4 micro-batches)::
+
+        for i, (xb, yb) in enumerate(batches):
+            ctx = no_sync(model) if (i + 1) % 4 else contextlib.nullcontext()
+            with ctx:
+                (loss_fn(model(xb), yb) / 4).backward()
+            if (i + 1) % 4 == 0:
+                opt.step(); opt.zero_grad()
+    """
+    if hasattr(model, "no_sync") and hasattr(model, "module"):  # a wrap()ped (DDP) model
+        with model.no_sync():
+            yield
+        return
+    run = engine_state().run
+    if run is None or run.grad_sync is None:
+        yield
+        return
+    with run.grad_sync.suppressed(list(model.parameters())):
+        yield
 
 
 # --- scikit-learn incremental learners --------------------------------------------------------
@@ -145,10 +230,22 @@ def patch_partial_fit(estimator: Any, run: RunContext) -> Any:
 
 # --- DDP -------------------------------------------------------------------------------------
 
-def _noop_hook(state: Any, bucket: Any) -> Any:
+# DDP refuses a comm hook whose ``bucket`` or return annotation is anything but GradBucket and
+# Future[Tensor] (as strings under ``from __future__ import annotations``): the hooks have none.
+def _noop_hook(state, bucket):  # type: ignore[no-untyped-def]
     """A DDP comm hook that keeps local gradients: for strategies that average parameters."""
     import torch
 
+    future: torch.futures.Future = torch.futures.Future()
+    future.set_result(bucket.buffer())
+    return future
+
+
+def _strategy_hook(strategy, bucket):  # type: ignore[no-untyped-def]
+    """A DDP comm hook handing each bucket to a user strategy's ``average_gradients``."""
+    import torch
+
+    strategy.average_gradients([bucket.buffer()], current_run().steps)
     future: torch.futures.Future = torch.futures.Future()
     future.set_result(bucket.buffer())
     return future
@@ -159,7 +256,8 @@ def wrap(obj: Any) -> Any:
 
     A torch module becomes a DistributedDataParallel module (gradients averaged in buckets that
     overlap the backward pass); with a parameter-averaging strategy (localsgd, easgd, none) DDP
-    keeps local gradients and the strategy averages parameters after ``step()``.  A scikit-learn
+    keeps local gradients and the strategy averages parameters after ``step()``; a user strategy
+    that overrides ``average_gradients`` gets each DDP bucket there.  A scikit-learn
     estimator with ``partial_fit`` gets parameter averaging.
 
     Example (inside ``%%distributed_fit``)::
@@ -179,8 +277,12 @@ def wrap(obj: Any) -> Any:
         return obj
     on_cuda = any(p.is_cuda for p in obj.parameters())
     ddp = DistributedDataParallel(obj, device_ids=[torch.cuda.current_device()] if on_cuda else None)
+    from ._sync import AllreduceSync
+
     strategy = _make_strategy(run)
     if not strategy.averages_gradients:
         ddp.register_comm_hook(None, _noop_hook)
+    elif type(strategy).average_gradients is not AllreduceSync.average_gradients:
+        ddp.register_comm_hook(strategy, _strategy_hook)
     run.ddp_param_ids.update(id(p) for p in obj.parameters())
     return ddp

@@ -42,7 +42,7 @@ import numpy as np
 from . import _shm_futex as futex
 from . import _shm_segment as seg_mod
 from ._comm import CollectiveAborted, CollectiveError
-from ._comm_util import allreduce_bytes, as_list, describe, host_views
+from ._comm_util import allreduce_bytes, as_list, check_op, describe, host_views
 from ._shm_layout import ALIGN, Flat, Plan, distinct, group_by_dtype, signature, split
 from ._shm_segment import Segment, attach_peers, cleanup_failed_rendezvous, segment_name
 from ._shm_wait import SyncPointsMixin
@@ -109,6 +109,7 @@ class ShmCommunicator(SyncPointsMixin):
             comm.allreduce([w.grad for w in model.parameters()], op="mean")
         """
         views, writebacks = host_views(as_list(arrays))
+        check_op(op, [v.dtype for v in views])  # an empty array must be refused like the others
         views = [v for v in views if v.size]
         plan = self._plan(views, op)
         if self.world_size > 1 and views:
@@ -129,7 +130,7 @@ class ShmCommunicator(SyncPointsMixin):
         """
         if not 0 <= src < self.world_size:
             raise ValueError(f"src {src} outside world size {self.world_size}")
-        views, writebacks = host_views(as_list(arrays))
+        views, writebacks = host_views(as_list(arrays), reduce=False)
         flat = Flat([v.view(np.uint8) for v in views])
         if self.world_size > 1 and flat.size:
             what = describe("broadcast", flat.size, f"src={src}")

@@ -40,6 +40,8 @@ class RunContext:
     abort: threading.Event = field(default_factory=threading.Event)
     namespace: dict = field(default_factory=dict)    # the cell's globals (what commits save)
     checkpoints: Any = None             # Checkpointer with --checkpoint-every / --resume
+    join: Any = None                    # JoinControl: uneven inputs (see _join)
+    grad_sync: Any = None               # GradientSync: averaging at the end of backward
 
 
 class EngineState:

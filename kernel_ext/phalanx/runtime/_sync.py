@@ -1,14 +1,18 @@
 """Sync strategies: *when* and *how* data-parallel ranks agree (Platoon's split).
 
-The runtime calls the hooks around the user's optimizer step::
+The runtime calls the hooks around the user's own loop::
 
     strategy.start(params)                  # once: every rank starts from rank 0's parameters
     for step, batch in enumerate(...):      # the user's loop
-        loss.backward()
-        strategy.before_step(params, step)  # gradient averaging happens here
+        loss.backward()                     # when it returns: strategy.average_gradients(buckets, step)
+        strategy.before_step(params, step)  # just before opt.step()
         opt.step()
         strategy.after_step(params, step)   # parameter averaging / elastic updates
     strategy.finish(params)                 # ranks agree on the final model where one is implied
+
+Gradients are averaged at the end of ``backward()`` (DistributedDataParallel's contract), so
+whatever the loop does between backward and step (clipping, ``GradScaler.unscale_``, logging)
+sees the gradients one process would see with the full batch.
 
 ``step`` is the 0-based index of the optimizer step, the same for both hooks of one step;
 ``should_sync(step)`` is true every ``every``-th step (steps ``every-1``, ``2*every-1``, ...).
@@ -51,18 +55,50 @@ __all__ = ["SyncStrategy", "AllreduceSync", "LocalSGD", "EASGD", "NoSync", "make
 class SyncStrategy:
     """Base class: no synchronisation except the initial broadcast; subclass and override hooks.
 
+    Hooks, in the order the runtime calls them (every rank calls the same hooks in the same order,
+    so a hook may communicate through ``self.comm``):
+
+    - ``start(params)``: once per optimizer, when it is created (default: broadcast from rank 0);
+    - ``average_gradients(grads, step)``: once per backward pass, when ``loss.backward()``
+      completes and before it returns (not inside ``phalanx.no_sync(model)``).  ``grads`` are
+      flat gradient buckets (one dtype each, about 25 MB) holding every gradient of the
+      optimizer's parameters (zeros where a parameter got none on this rank); reduce them *in
+      place*.  The runtime copies them back into ``.grad``.  Only strategies that override it
+      get gradient hooks; while ranks that ran out of data have joined (uneven inputs) they
+      contribute zeros and the runtime rescales the result to the ranks still training;
+    - ``before_step(params, step)``: just before ``optimizer.step()``;
+    - ``after_step(params, step)``: just after it (parameter averaging, elastic updates);
+    - ``finish(params)``: once, after the cell's last line.
+
+    ``step`` is the 0-based index of the optimizer step being taken (micro-steps of gradient
+    accumulation share it).  Class attributes: ``name`` (for messages) and
+    ``identity_on_one_rank`` - set it to True when every hook changes nothing with a single
+    rank, so a one-worker run skips the hooks and costs what a plain loop costs.
+
     Example::
 
         class EveryOther(SyncStrategy):
+            "Average gradients on even steps only; parameters on odd ones."
             name = "every-other"
+            identity_on_one_rank = True
+
+            def average_gradients(self, grads, step):
+                if step % 2 == 0:
+                    self.comm.allreduce(grads, op="mean")
+
             def after_step(self, params, step):
                 if step % 2:
                     self.comm.allreduce(param_values(params), op="mean")
     """
 
     name = "base"
-    #: True when the strategy averages gradients every step, so DDP may do it instead.
-    averages_gradients = False
+    #: True when every hook is the identity with one rank: a one-rank run may skip them.
+    identity_on_one_rank = False
+
+    @property
+    def averages_gradients(self) -> bool:
+        """Whether the strategy acts on gradients (overrides :meth:`average_gradients`)."""
+        return type(self).average_gradients is not SyncStrategy.average_gradients
 
     def __init__(self, comm: Communicator, every: int = 1, alpha: float = 0.5) -> None:
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
@@ -79,11 +115,31 @@ class SyncStrategy:
         """Give every rank rank 0's parameters."""
         self.comm.broadcast(param_values(params), src=0)
 
+    def average_gradients(self, grads: list[Any], step: int) -> None:
+        """Called when a backward pass completes with the gradient buckets; reduce in place.
+
+        Example::
+
+            def average_gradients(self, grads, step):
+                self.comm.allreduce(grads, op="mean")
+        """
+
     def before_step(self, params: Sequence[Any], step: int) -> None:
-        """Called after backward, before ``optimizer.step()``."""
+        """Called just before ``optimizer.step()`` (gradients are already averaged)."""
 
     def after_step(self, params: Sequence[Any], step: int) -> None:
         """Called after ``optimizer.step()``."""
+
+    def after_step_communicates(self, params: Sequence[Any], step: int) -> bool:
+        """Whether :meth:`after_step` may communicate at ``step``: must be the same on every
+        rank.  The runtime keeps ranks that ran out of data answering only those steps.
+
+        Example::
+
+            def after_step_communicates(self, params, step):
+                return self.should_sync(step)
+        """
+        return type(self).after_step is not SyncStrategy.after_step
 
     def finish(self, params: Sequence[Any]) -> None:
         """Called once after the last step."""
@@ -99,10 +155,9 @@ class AllreduceSync(SyncStrategy):
     """
 
     name = "allreduce"
-    averages_gradients = True
+    identity_on_one_rank = True
 
-    def before_step(self, params: Sequence[Any], step: int) -> None:
-        grads = param_grads(params)
+    def average_gradients(self, grads: list[Any], step: int) -> None:
         if grads:
             self.comm.allreduce(grads, op="mean")
 
@@ -111,11 +166,15 @@ class AllreduceSync(SyncStrategy):
         if plain:
             self.comm.allreduce(plain, op="mean")
 
+    def after_step_communicates(self, params: Sequence[Any], step: int) -> bool:
+        return bool(_without_grads(params))
+
 
 class LocalSGD(SyncStrategy):
     """``every`` local steps, then parameters averaged (post-local SGD, Lin et al. 2020)."""
 
     name = "localsgd"
+    identity_on_one_rank = True
 
     def __init__(self, comm: Communicator, every: int = 1, alpha: float = 0.5) -> None:
         super().__init__(comm, every, alpha)
@@ -146,6 +205,7 @@ class EASGD(SyncStrategy):
     """
 
     name = "easgd"
+    identity_on_one_rank = False  # the centre still pulls the one worker
 
     def __init__(self, comm: Communicator, every: int = 1, alpha: float = 0.5) -> None:
         super().__init__(comm, every, alpha)
@@ -182,6 +242,10 @@ class NoSync(SyncStrategy):
     """Independent ranks (ensembles, debugging): no communication at all, not even at start."""
 
     name = "none"
+    identity_on_one_rank = True
+
+    def after_step_communicates(self, params: Sequence[Any], step: int) -> bool:
+        return False
 
     def start(self, params: Sequence[Any]) -> None:
         pass
@@ -217,7 +281,9 @@ def _resolve(spec: Any) -> Any:
         raise ValueError(f"unknown sync strategy {spec!r}; expected one of "
                          f"{', '.join(STRATEGIES)} or a dotted name like 'pkg.mod.MyStrategy'")
     try:
-        module = sys.modules.get(module_name) or importlib.import_module(module_name)
+        # import_module, not a sys.modules lookup: a module another thread is still importing
+        # sits in sys.modules half-initialised; import_module waits for it
+        module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ValueError(f"sync strategy {spec!r}: cannot import {module_name!r} ({exc})") from exc
     try:
