@@ -68,7 +68,7 @@ def _check_engine(e: Any, where: str) -> None:
     state = _need(e, "state", str, where)
     if state not in ENGINE_STATES:
         raise SchemaError(f"{where}: engine state {state!r} not one of {ENGINE_STATES}")
-    for key in ("memory_mb", "step", "pid"):
+    for key in ("memory_mb", "step", "pid", "cuda_allocated_mb", "cuda_reserved_mb", "cuda_peak_mb"):
         _opt_num(e, key, where)
 
 
@@ -154,6 +154,20 @@ def _check_network(m: Mapping[str, Any]) -> None:
             raise SchemaError("network: each edge must be a [source_id, target_id] pair of strings")
 
 
+_MEMORY_FIELDS = ("rss_mb", "cuda_allocated_mb", "cuda_reserved_mb", "cuda_peak_mb", "cuda_total_mb")
+
+
+def _check_memory(m: Mapping[str, Any]) -> None:
+    _need(m, "run", str, "memory")
+    for sample in _need(m, "ranks", list, "memory"):
+        if not isinstance(sample, Mapping):
+            raise SchemaError("memory: rank sample must be an object")
+        _need(sample, "rank", int, "memory")
+        _need(sample, "t", _NUM, "memory")
+        for key in _MEMORY_FIELDS:
+            _opt_num(sample, key, "memory")
+
+
 def _check_snapshot(m: Mapping[str, Any]) -> None:
     for ev in _need(m, "events", list, "snapshot"):
         validate_event(ev)
@@ -167,6 +181,7 @@ _EVENT_CHECKS = {
     "run_ended": _check_run_ended,
     "network": _check_network,
     "snapshot": _check_snapshot,
+    "memory": _check_memory,
 }
 
 
@@ -264,6 +279,19 @@ def network_state(network: str, nodes: Iterable[Mapping[str, Any]],
     last_action}`` and edges ``[source_id, target_id]``."""
     return _event("network", network=network, nodes=[dict(n) for n in nodes],
                   edges=[[a, b] for a, b in edges])
+
+
+def memory(run: str, ranks: Iterable[Mapping[str, Any]]) -> dict:
+    """Each rank's latest memory sample, about once a second during a run:
+    ``[{rank, t, rss_mb, cuda_allocated_mb?, cuda_reserved_mb?, cuda_peak_mb?, cuda_total_mb?}]``
+    (CUDA figures only from ranks that use CUDA; MB = 2**20 bytes).
+
+    Example::
+
+        >>> memory("r1", [{"rank": 0, "t": 1.0, "rss_mb": 512.0}])["ranks"][0]["rss_mb"]
+        512.0
+    """
+    return _event("memory", run=run, ranks=[dict(r) for r in ranks])
 
 
 def snapshot(events: Iterable[Mapping[str, Any]]) -> dict:

@@ -24,6 +24,9 @@ class RunRecord:
     error: str | None = None
     # What happened to the run on the way: {"kind": "resume"|"restart"|"resize", "step", ...}
     changes: list[dict] = field(default_factory=list)
+    # Peak memory of each rank over the run: {rank: {"rss_mb", "cuda_allocated_mb", ...}}
+    memory: dict[int, dict[str, float]] = field(default_factory=dict)
+    profile: Any = None              # a ProfileReport with --profile
 
     def final_metrics(self) -> dict[int, dict[str, float]]:
         """The last logged value of each metric, per rank."""
@@ -31,8 +34,13 @@ class RunRecord:
 
     def summary_rows(self) -> list[dict]:
         finals = self.final_metrics()
-        return [{"rank": r, "steps": self.steps.get(r, 0), **finals.get(r, {})}
+        return [{"rank": r, "steps": self.steps.get(r, 0), **finals.get(r, {}), **self._peak(r)}
                 for r in range(self.world_size)]
+
+    def _peak(self, rank: int) -> dict[str, float]:
+        peaks = self.memory.get(rank, {})
+        shown = {"peak_rss_mb": peaks.get("rss_mb"), "peak_cuda_mb": peaks.get("cuda_peak_mb")}
+        return {k: v for k, v in shown.items() if v is not None}
 
     def __repr__(self) -> str:
         lines = [f"run {self.name}: {self.status} in {self.wall_s:.2f} s on {self.world_size} "

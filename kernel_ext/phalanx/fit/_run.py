@@ -25,6 +25,7 @@ from ._dispatch import Prepared, choose_backend, prepare, reachable_ip
 from ._errors import DistributedFitError, failure
 from ._manifest import build_manifest, check_versions, engine_versions
 from ._options import FitOptions, FitUsageError
+from ._profile import ProfileReport
 from ._receiver import MetricsReceiver
 from ._recovery import Job, Recovery
 from ._record import RunRecord
@@ -56,6 +57,7 @@ class FitRunner(Recovery):
         self.active: RunTracker | None = None
         self.active_name: str | None = None
         self.last: RunRecord | None = None
+        self.memory_interval_s = 1.0  # engines sample their memory this often during a run (0: off)
 
     # --- public -----------------------------------------------------------------------------
 
@@ -144,10 +146,14 @@ class FitRunner(Recovery):
         wall = time.monotonic() - job.started
         tracker = job.tracker
         record = RunRecord(job.run_id, job.name, status, len(slots), wall,
-                           _exact_steps(tracker, results), tracker.history, changes=list(job.changes))
+                           _exact_steps(tracker, results), tracker.history, changes=list(job.changes),
+                           memory=tracker.memory.peaks())
         record.manifest = build_manifest(job.opts, slots, job.backend, prepared, versions, record)
         record.manifest["checkpoint"] = _checkpoint_manifest(job.lineage, results)
         record.manifest["changes"] = list(job.changes)
+        if job.opts.profile and status == "done":
+            record.profile = ProfileReport.from_results(results, job.name, slots)
+            record.manifest["profile"] = os.path.basename(record.profile.path) if record.profile else None
         self.last = record
         self._emit(events.run_ended(job.run_id, status, wall, None if status == "done" else status))
         if status == "done":
@@ -244,7 +250,8 @@ class FitRunner(Recovery):
                  "metrics_address": receiver.address, "sync": prepared.strategy or opts.sync,
                  "sync_from_notebook": prepared.strategy is not None, "every": opts.every,
                  "alpha": opts.alpha, "seed": opts.seed, "returns": list(opts.returns),
-                 "return_all": False, "checkpoint": checkpoint}
+                 "return_all": False, "checkpoint": checkpoint,
+                 "memory_interval_s": self.memory_interval_s, "profile": opts.profile}
                 for r in range(len(slots))]
 
     def _stash(self, slots: list, prepared: Prepared) -> None:

@@ -13,6 +13,7 @@ import warnings
 
 from .. import events
 from ._history import MetricHistory
+from ._memory import RunMemory
 from ._progress import RateMeter, eta_seconds, stragglers
 
 PUBLISH_INTERVAL_S = 0.1
@@ -30,6 +31,7 @@ class RunTracker:
         self.world_size = world_size
         self.total_steps = total_steps
         self.history = MetricHistory()
+        self.memory = RunMemory()
         self.steps = {r: 0 for r in range(world_size)}
         self.final: set[int] = set()
         self.warnings: list[str] = []
@@ -49,6 +51,8 @@ class RunTracker:
         """Called by the receiver thread for each batch of this run."""
         rank = int(message["rank"])
         self.history.extend(rank, message.get("rows", []))
+        if "memory" in message or "memory_peak" in message:
+            self.memory.add(rank, message.get("memory") or [], message.get("memory_peak"))
         with self._lock:
             self.steps[rank] = max(self.steps.get(rank, 0), int(message.get("step", 0)))
             self._meters.setdefault(rank, RateMeter()).add(time.time(), self.steps[rank])
@@ -101,6 +105,9 @@ class RunTracker:
                     for r in rows]
             self._emit(events.metrics(self.run_id, wire))
         self._emit(events.progress(self.run_id, self.progress_rows()))
+        memory = self.memory.take_fresh()
+        if memory:
+            self._emit(events.memory(self.run_id, memory))
 
     def _publish_loop(self) -> None:
         while not self._stop.wait(PUBLISH_INTERVAL_S):
