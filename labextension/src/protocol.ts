@@ -24,6 +24,10 @@ export interface IEngine {
   device?: string | null;
   memory_mb?: number | null;
   step?: number | null;
+  /** CUDA caching-allocator figures (MB), only for engines that use CUDA. */
+  cuda_allocated_mb?: number | null;
+  cuda_reserved_mb?: number | null;
+  cuda_peak_mb?: number | null;
 }
 
 export interface IRankProgress {
@@ -109,6 +113,24 @@ export interface ISnapshotEvent extends IEventBase {
   events: PhalanxEvent[];
 }
 
+/** One rank's latest memory sample (MB = 2**20 bytes); CUDA fields only where CUDA is used. */
+export interface IRankMemory {
+  rank: number;
+  t: number;
+  rss_mb?: number | null;
+  cuda_allocated_mb?: number | null;
+  cuda_reserved_mb?: number | null;
+  cuda_peak_mb?: number | null;
+  cuda_total_mb?: number | null;
+}
+
+/** Each rank's memory, about once a second while a run goes. */
+export interface IMemoryEvent extends IEventBase {
+  type: 'memory';
+  run: string;
+  ranks: IRankMemory[];
+}
+
 export type PhalanxEvent =
   | IClusterEvent
   | IRunStartedEvent
@@ -116,7 +138,8 @@ export type PhalanxEvent =
   | IMetricsEvent
   | IRunEndedEvent
   | INetworkEvent
-  | ISnapshotEvent;
+  | ISnapshotEvent
+  | IMemoryEvent;
 
 export type PhalanxRequest =
   | { v: number; type: 'request_snapshot' }
@@ -196,6 +219,9 @@ function checkCluster(m: Obj): void {
     for (const key of ['memory_mb', 'step', 'pid']) {
       optional(e, key, 'number', 'cluster');
     }
+    for (const key of ['cuda_allocated_mb', 'cuda_reserved_mb', 'cuda_peak_mb']) {
+      optional(e, key, 'number', 'cluster');
+    }
   }
   need(m, 'max_engines', 'int', 'cluster');
   need(m, 'busy', 'bool', 'cluster');
@@ -268,6 +294,25 @@ function checkSnapshot(m: Obj): void {
   }
 }
 
+const MEMORY_FIELDS = [
+  'rss_mb',
+  'cuda_allocated_mb',
+  'cuda_reserved_mb',
+  'cuda_peak_mb',
+  'cuda_total_mb'
+];
+
+function checkMemory(m: Obj): void {
+  need(m, 'run', 'string', 'memory');
+  for (const sample of entries(m, 'ranks', 'memory')) {
+    need(sample, 'rank', 'int', 'memory');
+    need(sample, 't', 'number', 'memory');
+    for (const key of MEMORY_FIELDS) {
+      optional(sample, key, 'number', 'memory');
+    }
+  }
+}
+
 const EVENT_CHECKS: Record<PhalanxEvent['type'], (m: Obj) => void> = {
   cluster: checkCluster,
   run_started: checkRunStarted,
@@ -275,7 +320,8 @@ const EVENT_CHECKS: Record<PhalanxEvent['type'], (m: Obj) => void> = {
   metrics: checkMetrics,
   run_ended: checkRunEnded,
   network: checkNetwork,
-  snapshot: checkSnapshot
+  snapshot: checkSnapshot,
+  memory: checkMemory
 };
 
 const REQUEST_CHECKS: Record<PhalanxRequest['type'], (m: Obj) => void> = {
