@@ -12,6 +12,7 @@ SECTIONS = [
     ("metrics", "bench_metrics.py"),
     ("network", "bench_network.py"),
     ("cluster_start", "bench_start.py"),
+    ("inside", "bench_inside.py"),
 ]
 
 

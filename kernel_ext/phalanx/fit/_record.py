@@ -27,6 +27,9 @@ class RunRecord:
     # Peak memory of each rank over the run: {rank: {"rss_mb", "cuda_allocated_mb", ...}}
     memory: dict[int, dict[str, float]] = field(default_factory=dict)
     profile: Any = None              # a ProfileReport with --profile
+    # Seconds per rank in phalanx collectives (waiting for the slowest peer / moving bytes) and
+    # in log(): {rank: {"collective_s", "collective_wait_s", "collective_move_s", "log_s", ...}}
+    timing: dict[int, dict[str, float]] = field(default_factory=dict)
 
     def final_metrics(self) -> dict[int, dict[str, float]]:
         """The last logged value of each metric, per rank."""
@@ -48,7 +51,18 @@ class RunRecord:
         for row in self.summary_rows():
             metrics = ", ".join(f"{k}={v:.4g}" for k, v in row.items() if k not in ("rank", "steps"))
             lines.append(f"  rank {row['rank']}: {row['steps']} steps  {metrics}")
+        lines += [f"  rank {r}: {text}" for r, text in self.time_lines().items()]
         return "\n".join(lines)
+
+    def time_lines(self) -> dict[int, str]:
+        """Where each rank's time went in collectives and log(), where there was any."""
+        out = {}
+        for rank, t in sorted(self.timing.items()):
+            if t.get("collectives") or t.get("log_s"):
+                out[rank] = (f"{t['collective_s']:.3f} s in {int(t['collectives'])} collective(s) "
+                             f"(waiting for the slowest peer {t['collective_wait_s']:.3f} s, moving "
+                             f"bytes {t['collective_move_s']:.3f} s), {t['log_s']:.3f} s in log()")
+        return out
 
     def _repr_html_(self) -> str:
         rows = self.summary_rows()

@@ -147,7 +147,7 @@ class FitRunner(Recovery):
         tracker = job.tracker
         record = RunRecord(job.run_id, job.name, status, len(slots), wall,
                            _exact_steps(tracker, results), tracker.history, changes=list(job.changes),
-                           memory=tracker.memory.peaks())
+                           memory=tracker.memory.peaks(), timing=tracker.timing.totals())
         record.manifest = build_manifest(job.opts, slots, job.backend, prepared, versions, record)
         record.manifest["checkpoint"] = _checkpoint_manifest(job.lineage, results)
         record.manifest["changes"] = list(job.changes)

@@ -14,6 +14,7 @@ import warnings
 from .. import events
 from ._history import MetricHistory
 from ._memory import RunMemory
+from ._timing import CollectiveTimes
 from ._progress import RateMeter, eta_seconds, stragglers
 
 PUBLISH_INTERVAL_S = 0.1
@@ -32,6 +33,7 @@ class RunTracker:
         self.total_steps = total_steps
         self.history = MetricHistory()
         self.memory = RunMemory()
+        self.timing = CollectiveTimes(world_size)
         self.steps = {r: 0 for r in range(world_size)}
         self.final: set[int] = set()
         self.warnings: list[str] = []
@@ -53,6 +55,8 @@ class RunTracker:
         self.history.extend(rank, message.get("rows", []))
         if "memory" in message or "memory_peak" in message:
             self.memory.add(rank, message.get("memory") or [], message.get("memory_peak"))
+        if message.get("timing"):
+            self.timing.add(rank, message["timing"])
         with self._lock:
             self.steps[rank] = max(self.steps.get(rank, 0), int(message.get("step", 0)))
             self._meters.setdefault(rank, RateMeter()).add(time.time(), self.steps[rank])
@@ -63,6 +67,7 @@ class RunTracker:
     def rewind(self, step: int, world_size: int) -> None:
         """A new attempt resumes at ``step`` (after a restart or a resize), maybe on another
         number of ranks: progress restarts there; the history keeps every row that arrived."""
+        self.timing.rewind(world_size)
         with self._lock:
             self.world_size = world_size
             self.steps = {r: step for r in range(world_size)}

@@ -48,6 +48,7 @@ class MetricsSender:
         import zmq
 
         from ._memory import MemoryTracker
+        from ._timing import StepClock
 
         self._ctx = zmq.Context.instance()
         self._socket = self._ctx.socket(zmq.PUSH)
@@ -60,6 +61,7 @@ class MetricsSender:
         self._step = 0
         self.memory = MemoryTracker(memory_interval_s)
         self._samples: list[dict] = []
+        self.clock = StepClock()  # collective calls and log() time, shipped with the batches
         self.latest: dict[str, float] = {}  # last value per metric, read by sync strategies
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -106,7 +108,8 @@ class MetricsSender:
             rows, self._rows = self._rows, []
             warnings, self._warnings = self._warnings, []
             samples, self._samples = self._samples, []
-        if (not rows and not warnings and not samples and not final
+        timing = self.clock.drain()
+        if (not rows and not warnings and not samples and not timing and not final
                 and getattr(self, "_sent_step", -1) == self._step):
             return
         self._sent_step = self._step
@@ -114,6 +117,8 @@ class MetricsSender:
                    "warnings": warnings, "final": final}
         if samples:
             message["memory"] = samples
+        if timing:
+            message["timing"] = timing
         if final and self.memory.peak:
             message["memory_peak"] = dict(self.memory.peak)
         self._socket.send_json(message)
