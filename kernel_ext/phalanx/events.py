@@ -168,6 +168,19 @@ def _check_memory(m: Mapping[str, Any]) -> None:
             _opt_num(sample, key, "memory")
 
 
+_TIME_FIELDS = ("collective_s", "collective_wait_s", "collective_move_s", "collectives", "log_s")
+
+
+def _check_time(m: Mapping[str, Any]) -> None:
+    _need(m, "run", str, "time")
+    for part in _need(m, "ranks", list, "time"):
+        if not isinstance(part, Mapping):
+            raise SchemaError("time: rank entry must be an object")
+        _need(part, "rank", int, "time")
+        for key in _TIME_FIELDS:
+            _need(part, key, _NUM, "time")
+
+
 def _check_snapshot(m: Mapping[str, Any]) -> None:
     for ev in _need(m, "events", list, "snapshot"):
         validate_event(ev)
@@ -182,6 +195,7 @@ _EVENT_CHECKS = {
     "network": _check_network,
     "snapshot": _check_snapshot,
     "memory": _check_memory,
+    "time": _check_time,
 }
 
 
@@ -292,6 +306,21 @@ def memory(run: str, ranks: Iterable[Mapping[str, Any]]) -> dict:
         512.0
     """
     return _event("memory", run=run, ranks=[dict(r) for r in ranks])
+
+
+def time_parts(run: str, ranks: Iterable[Mapping[str, Any]]) -> dict:
+    """Each rank's seconds so far in phalanx collectives (``collective_s``, split into
+    ``collective_wait_s`` waiting for the slowest peer and ``collective_move_s`` moving bytes;
+    ``collectives`` calls) and in ``log()`` (``log_s``); sent when they change.
+
+    Example::
+
+        >>> ev = time_parts("r1", [{"rank": 0, "collective_s": 1.0, "collective_wait_s": 0.75,
+        ...                         "collective_move_s": 0.25, "collectives": 4, "log_s": 0.01}])
+        >>> validate_event(ev)["type"]
+        'time'
+    """
+    return _event("time", run=run, ranks=[dict(r) for r in ranks])
 
 
 def snapshot(events: Iterable[Mapping[str, Any]]) -> dict:

@@ -131,6 +131,23 @@ export interface IMemoryEvent extends IEventBase {
   ranks: IRankMemory[];
 }
 
+/** A rank's seconds so far in phalanx collectives (waiting for the slowest peer / moving bytes) and in log(). */
+export interface IRankTime {
+  rank: number;
+  collective_s: number;
+  collective_wait_s: number;
+  collective_move_s: number;
+  collectives: number;
+  log_s: number;
+}
+
+/** Each rank's time parts, sent when they change during a run. */
+export interface ITimeEvent extends IEventBase {
+  type: 'time';
+  run: string;
+  ranks: IRankTime[];
+}
+
 export type PhalanxEvent =
   | IClusterEvent
   | IRunStartedEvent
@@ -139,7 +156,8 @@ export type PhalanxEvent =
   | IRunEndedEvent
   | INetworkEvent
   | ISnapshotEvent
-  | IMemoryEvent;
+  | IMemoryEvent
+  | ITimeEvent;
 
 export type PhalanxRequest =
   | { v: number; type: 'request_snapshot' }
@@ -313,6 +331,24 @@ function checkMemory(m: Obj): void {
   }
 }
 
+const TIME_FIELDS = [
+  'collective_s',
+  'collective_wait_s',
+  'collective_move_s',
+  'collectives',
+  'log_s'
+];
+
+function checkTime(m: Obj): void {
+  need(m, 'run', 'string', 'time');
+  for (const part of entries(m, 'ranks', 'time')) {
+    need(part, 'rank', 'int', 'time');
+    for (const key of TIME_FIELDS) {
+      need(part, key, 'number', 'time');
+    }
+  }
+}
+
 const EVENT_CHECKS: Record<PhalanxEvent['type'], (m: Obj) => void> = {
   cluster: checkCluster,
   run_started: checkRunStarted,
@@ -321,7 +357,8 @@ const EVENT_CHECKS: Record<PhalanxEvent['type'], (m: Obj) => void> = {
   run_ended: checkRunEnded,
   network: checkNetwork,
   snapshot: checkSnapshot,
-  memory: checkMemory
+  memory: checkMemory,
+  time: checkTime
 };
 
 const REQUEST_CHECKS: Record<PhalanxRequest['type'], (m: Obj) => void> = {

@@ -31,13 +31,16 @@ class CollectiveTimes:
         self.world_size = world_size
         self._pending: dict[int, dict[int, tuple[float, float]]] = {}
         self._totals = {r: dict.fromkeys(_PARTS, 0.0) for r in range(world_size)}
+        self._changed = False
         self._lock = threading.Lock()
 
     def add(self, rank: int, timing: Mapping[str, Any]) -> None:
         """One batch's ``{"collectives": [[seq, start, duration]], "log_s": running total}``."""
         with self._lock:
             totals = self._totals.setdefault(rank, dict.fromkeys(_PARTS, 0.0))
-            totals["log_s"] = max(totals["log_s"], float(timing.get("log_s") or 0.0))
+            log_s = float(timing.get("log_s") or 0.0)
+            self._changed |= log_s > totals["log_s"]
+            totals["log_s"] = max(totals["log_s"], log_s)
             for seq, start, took in timing.get("collectives") or []:
                 calls = self._pending.setdefault(int(seq), {})
                 calls[rank] = (float(start), float(took))
@@ -45,6 +48,7 @@ class CollectiveTimes:
                     self._settle(self._pending.pop(int(seq)))
 
     def _settle(self, calls: dict[int, tuple[float, float]]) -> None:
+        self._changed = True
         last = max(start for start, _ in calls.values())
         for rank, (start, took) in calls.items():
             wait = min(max(last - start, 0.0), took)
@@ -58,6 +62,14 @@ class CollectiveTimes:
         """Per rank: seconds in collectives (waiting, moving), calls settled, seconds in log()."""
         with self._lock:
             return {r: dict(t) for r, t in self._totals.items()}
+
+    def take_changed(self) -> list[dict] | None:
+        """Every rank's totals (``time`` event entries) if they changed since the last call."""
+        with self._lock:
+            if not self._changed:
+                return None
+            self._changed = False
+            return [{"rank": r, **t} for r, t in sorted(self._totals.items())]
 
     def rewind(self, world_size: int) -> None:
         """A new attempt numbers its calls from 0 again: drop unsettled ones, keep the totals."""

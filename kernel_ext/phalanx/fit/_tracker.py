@@ -113,6 +113,9 @@ class RunTracker:
         memory = self.memory.take_fresh()
         if memory:
             self._emit(events.memory(self.run_id, memory))
+        times = self.timing.take_changed()
+        if times:
+            self._emit(events.time_parts(self.run_id, times))
 
     def _publish_loop(self) -> None:
         while not self._stop.wait(PUBLISH_INTERVAL_S):

@@ -114,6 +114,23 @@ def memory_text(sample: Mapping[str, Any] | None) -> str:
     return DOT.join(parts)
 
 
+def time_text(part: Mapping[str, Any] | None) -> str:
+    """One rank's time in collectives: ``collectives 1.2 s, 75% waiting for a peer``.
+
+    Example::
+
+        >>> time_text({"collective_s": 1.2, "collective_wait_s": 0.9, "collectives": 4})
+        'collectives 1.2 s, 75% waiting for a peer'
+        >>> time_text({"collective_s": 0.0, "collective_wait_s": 0.0, "collectives": 0})
+        ''
+    """
+    if not part or not part.get("collectives"):
+        return ""
+    total = part["collective_s"]
+    share = part["collective_wait_s"] / total if total > 0 else 0.0
+    return f"collectives {total:.2g} s, {share:.0%} waiting for a peer"
+
+
 def fmt_rate(rate: float | None) -> str:
     """``12.3 steps/s``; ``–`` before a rate is known."""
     return "– steps/s" if rate is None else f"{rate:.1f} steps/s"
