@@ -154,31 +154,27 @@ def _check_network(m: Mapping[str, Any]) -> None:
             raise SchemaError("network: each edge must be a [source_id, target_id] pair of strings")
 
 
-_MEMORY_FIELDS = ("rss_mb", "cuda_allocated_mb", "cuda_reserved_mb", "cuda_peak_mb", "cuda_total_mb")
+def _per_rank(m: Mapping[str, Any], kind: str, required: tuple, optional: tuple = ()) -> None:
+    """An event of one run with a ``ranks`` list of ``{rank, <numbers>}`` entries."""
+    _need(m, "run", str, kind)
+    for entry in _need(m, "ranks", list, kind):
+        if not isinstance(entry, Mapping):
+            raise SchemaError(f"{kind}: rank entry must be an object")
+        _need(entry, "rank", int, kind)
+        for key in required:
+            _need(entry, key, _NUM, kind)
+        for key in optional:
+            _opt_num(entry, key, kind)
 
 
 def _check_memory(m: Mapping[str, Any]) -> None:
-    _need(m, "run", str, "memory")
-    for sample in _need(m, "ranks", list, "memory"):
-        if not isinstance(sample, Mapping):
-            raise SchemaError("memory: rank sample must be an object")
-        _need(sample, "rank", int, "memory")
-        _need(sample, "t", _NUM, "memory")
-        for key in _MEMORY_FIELDS:
-            _opt_num(sample, key, "memory")
-
-
-_TIME_FIELDS = ("collective_s", "collective_wait_s", "collective_move_s", "collectives", "log_s")
+    _per_rank(m, "memory", ("t",), ("rss_mb", "cuda_allocated_mb", "cuda_reserved_mb",
+                                    "cuda_peak_mb", "cuda_total_mb"))
 
 
 def _check_time(m: Mapping[str, Any]) -> None:
-    _need(m, "run", str, "time")
-    for part in _need(m, "ranks", list, "time"):
-        if not isinstance(part, Mapping):
-            raise SchemaError("time: rank entry must be an object")
-        _need(part, "rank", int, "time")
-        for key in _TIME_FIELDS:
-            _need(part, key, _NUM, "time")
+    _per_rank(m, "time", ("collective_s", "collective_wait_s", "collective_move_s",
+                          "collectives", "log_s"))
 
 
 def _check_snapshot(m: Mapping[str, Any]) -> None:

@@ -312,41 +312,37 @@ function checkSnapshot(m: Obj): void {
   }
 }
 
-const MEMORY_FIELDS = [
-  'rss_mb',
-  'cuda_allocated_mb',
-  'cuda_reserved_mb',
-  'cuda_peak_mb',
-  'cuda_total_mb'
-];
-
-function checkMemory(m: Obj): void {
-  need(m, 'run', 'string', 'memory');
-  for (const sample of entries(m, 'ranks', 'memory')) {
-    need(sample, 'rank', 'int', 'memory');
-    need(sample, 't', 'number', 'memory');
-    for (const key of MEMORY_FIELDS) {
-      optional(sample, key, 'number', 'memory');
+/** An event of one run with a `ranks` list of `{rank, <numbers>}` entries. */
+function checkPerRank(m: Obj, kind: string, required: string[], optionalKeys: string[] = []): void {
+  need(m, 'run', 'string', kind);
+  for (const entry of entries(m, 'ranks', kind)) {
+    need(entry, 'rank', 'int', kind);
+    for (const key of required) {
+      need(entry, key, 'number', kind);
+    }
+    for (const key of optionalKeys) {
+      optional(entry, key, 'number', kind);
     }
   }
 }
 
-const TIME_FIELDS = [
-  'collective_s',
-  'collective_wait_s',
-  'collective_move_s',
-  'collectives',
-  'log_s'
-];
+function checkMemory(m: Obj): void {
+  checkPerRank(
+    m,
+    'memory',
+    ['t'],
+    ['rss_mb', 'cuda_allocated_mb', 'cuda_reserved_mb', 'cuda_peak_mb', 'cuda_total_mb']
+  );
+}
 
 function checkTime(m: Obj): void {
-  need(m, 'run', 'string', 'time');
-  for (const part of entries(m, 'ranks', 'time')) {
-    need(part, 'rank', 'int', 'time');
-    for (const key of TIME_FIELDS) {
-      need(part, key, 'number', 'time');
-    }
-  }
+  checkPerRank(m, 'time', [
+    'collective_s',
+    'collective_wait_s',
+    'collective_move_s',
+    'collectives',
+    'log_s'
+  ]);
 }
 
 const EVENT_CHECKS: Record<PhalanxEvent['type'], (m: Obj) => void> = {
