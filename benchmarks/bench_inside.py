@@ -113,7 +113,7 @@ def summary(s: dict, p: dict) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(__doc__, argv)
-    steps = 300 if args.quick else 1000
+    steps = 100 if args.quick else 1000
     session = Session()
     session.start_cluster(n=2, gpus="none")
     here = os.getcwd()
