@@ -8,7 +8,7 @@ PIP    := $(PY) -m pip --disable-pip-version-check
 STAMP  := $(VENV)/.phalanx-installed
 PYTEST_ARGS ?=
 
-.PHONY: setup lab test demo bench chromium clean
+.PHONY: setup lab lab-command test demo bench notebooks screenshots links chromium cluster-daemons clean
 
 # The lab panel's sources: an edit to any of them re-runs the install, which rebuilds the panel
 # and copies it where JupyterLab loads it from.
@@ -34,11 +34,27 @@ chromium:
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium >/dev/null; }
 
+# `jupyter lab` that also runs as root and ends by printing the address with its token.
+# tests/test_lab.py runs this very line, read through `make -s lab-command`.
+LAB := $(PY) scripts/lab.py notebooks/01-quickstart.ipynb
+
+# Real daemons for the Slurm and SSH launcher tests (tests skip, saying why, where they cannot run).
+cluster-daemons:
+	@if command -v sbatch >/dev/null 2>&1 && command -v munged >/dev/null 2>&1 \
+	    && command -v sshd >/dev/null 2>&1; then :; else \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  { $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq slurm-wlm munge openssh-server \
+	    openssh-client >/dev/null; } || echo "could not install slurm-wlm/munge/openssh:" \
+	    "the Slurm and SSH launcher tests will skip"; fi
+
 lab: setup
-	$(VENV)/bin/jupyter lab notebooks/01-quickstart.ipynb
+	$(LAB)
+
+lab-command:
+	@echo '$(LAB)'
 
 # The panel's TypeScript unit tests first (seconds), then the Python suite.
-test: setup chromium
+test: setup chromium cluster-daemons
 	cd labextension && ../$(VENV)/bin/jlpm install --immutable && ../$(VENV)/bin/jlpm test
 	$(PY) -m pytest $(PYTEST_ARGS)
 
@@ -47,6 +63,18 @@ demo: setup
 
 bench: setup
 	$(PY) benchmarks/run_all.py
+
+# The example notebooks, rebuilt from notebooks/_build.py and saved executed (2-engine CPU cluster).
+notebooks: setup
+	$(PY) notebooks/_execute.py
+
+# The README's pictures, from a real JupyterLab session in headless Chromium.
+screenshots: setup chromium
+	$(PY) docs/screenshots.py
+
+# The README's Binder and nbviewer links, from pyproject.toml's Repository address.
+links:
+	python3 docs/links.py
 
 clean:
 	rm -rf $(VENV) build dist kernel_ext/phalanx/labextension labextension/lib labextension/node_modules

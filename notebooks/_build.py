@@ -1,6 +1,7 @@
 """Writes the notebooks from their source here, so a notebook change is a reviewable diff.
 
     python notebooks/_build.py          # rewrites every notebook (outputs cleared)
+    make notebooks                      # rewrites and executes them, saved with their outputs
 """
 
 from pathlib import Path
@@ -305,14 +306,19 @@ NOTEBOOKS = {
 }
 
 
+def build(name: str) -> nbf.NotebookNode:
+    """Notebook ``name`` as its source here says, without outputs (a fresh copy each call)."""
+    cells = [nbf.from_dict(dict(cell)) for cell in NOTEBOOKS[name]]
+    for i, cell in enumerate(cells):
+        cell["id"] = f"cell-{i:02d}"  # stable ids: rebuilding gives no spurious diff
+    return nbf.v4.new_notebook(cells=cells, metadata={
+        "kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"},
+        "language_info": {"name": "python"}})
+
+
 def write_all() -> None:
-    for name, cells in NOTEBOOKS.items():
-        for i, cell in enumerate(cells):
-            cell["id"] = f"cell-{i:02d}"  # stable ids: rebuilding gives no spurious diff
-        nb = nbf.v4.new_notebook(cells=cells, metadata={
-            "kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"},
-            "language_info": {"name": "python"}})
-        nbf.write(nb, HERE / name)
+    for name in NOTEBOOKS:
+        nbf.write(build(name), HERE / name)
 
 
 if __name__ == "__main__":

@@ -71,8 +71,9 @@ def _quiet_settings(settings: Path) -> None:
     target.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
 
 
-def _wait_until_up(url: str, token: str, process: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
+def _wait_until_up(url: str, token: str, process: subprocess.Popen, log: Path,
+                   timeout_s: float = START_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"jupyter lab exited with {process.returncode}:\n{log.read_text()}")
@@ -81,7 +82,7 @@ def _wait_until_up(url: str, token: str, process: subprocess.Popen, log: Path) -
                 return
         except OSError:
             time.sleep(0.2)
-    raise RuntimeError(f"jupyter lab did not answer within {START_TIMEOUT_S} s:\n{log.read_text()}")
+    raise RuntimeError(f"jupyter lab did not answer within {timeout_s} s:\n{log.read_text()}")
 
 
 def _kill_tree(process: subprocess.Popen, grace_s: float = 20.0) -> list[str]:
@@ -113,14 +114,13 @@ def _kill_tree(process: subprocess.Popen, grace_s: float = 20.0) -> list[str]:
     return survivors
 
 
-@pytest.fixture(scope="module")
-def lab_server(tmp_path_factory) -> Iterator[LabServer]:
-    """``jupyter lab`` on 127.0.0.1 with a throwaway root, token, config and settings.
+@contextlib.contextmanager
+def running_lab(base: Path, start_timeout_s: float = START_TIMEOUT_S) -> Iterator[LabServer]:
+    """``jupyter lab`` on 127.0.0.1 with its root, token, config and settings under ``base``.
 
-    One server per test module.  At the end it is stopped with its kernels, and the test fails
-    if any process it started (a kernel, an engine, a controller) is still running afterwards.
+    Stopped at the end with its kernels; raises if any process it started (a kernel, an engine,
+    a controller) is still running afterwards.
     """
-    base = tmp_path_factory.mktemp("lab")
     root, settings = base / "root", base / "settings"
     root.mkdir()
     _quiet_settings(settings)
@@ -141,11 +141,35 @@ def lab_server(tmp_path_factory) -> Iterator[LabServer]:
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=root)
     server = LabServer(f"http://127.0.0.1:{port}", token, root, process)
     try:
-        _wait_until_up(server.url, token, process, log)
+        _wait_until_up(server.url, token, process, log, start_timeout_s)
         yield server
     finally:
         survivors = _kill_tree(process)
     assert not survivors, f"processes outlived the lab server (now killed): {survivors}"
+
+
+@contextlib.contextmanager
+def chromium_page(width: int = 1400, height: int = 900, scale: float = 1) -> Iterator:
+    """A fresh page in headless Chromium (its own context), closed with the browser at the end."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            context = browser.new_context(viewport={"width": width, "height": height},
+                                          device_scale_factor=scale)
+            page = context.new_page()
+            page.set_default_timeout(30_000)
+            yield page
+        finally:
+            browser.close()
+
+
+@pytest.fixture(scope="module")
+def lab_server(tmp_path_factory) -> Iterator[LabServer]:
+    """One :func:`running_lab` per test module, with a throwaway root."""
+    with running_lab(tmp_path_factory.mktemp("lab")) as server:
+        yield server
 
 
 @pytest.fixture
@@ -153,17 +177,8 @@ def lab_page(lab_server) -> Iterator:
     """A fresh Chromium page (its own context: no state shared between tests)."""
     if not Path(CHROMIUM).exists():
         pytest.skip(f"no Chromium at {CHROMIUM}: install Debian's chromium (make chromium)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        try:
-            context = browser.new_context(viewport={"width": 1400, "height": 900})
-            page = context.new_page()
-            page.set_default_timeout(30_000)
-            yield page
-        finally:
-            browser.close()
+    with chromium_page() as page:
+        yield page
 
 
 # --- helpers ------------------------------------------------------------------------------------
@@ -245,14 +260,17 @@ def execute_command(page, command: str, args: dict | None = None) -> None:
                   [command, args or {}])
 
 
-def run_all_cells(page) -> None:
-    """Run every cell of the current notebook and wait for the kernel to go idle again."""
+def run_all_cells(page, timeout_ms: int = 240_000) -> None:
+    """Run every cell of the current notebook and wait for the kernel to go idle again.
+
+    The wait covers every cell, a cluster start included: minutes on a busy machine.
+    """
     execute_command(page, "notebook:run-all-cells")
     # Every prompt of this notebook shows an execution count: "[*]" means still queued.
     page.wait_for_function(
         """() => [...window.jupyterapp.shell.currentWidget.node.querySelectorAll('.jp-InputPrompt')]
-                 .every(p => /\\[\\d+\\]/.test(p.textContent))""", timeout=60_000)
-    wait_for_kernel_idle(page)
+                 .every(p => /\\[\\d+\\]/.test(p.textContent))""", timeout=timeout_ms)
+    wait_for_kernel_idle(page, timeout_ms)
 
 
 def run_cell(page, index: int, timeout_ms: int = 180_000) -> str:

@@ -68,6 +68,18 @@ def cluster_session(shell):
 
 
 @pytest.fixture
+def no_cluster(shell):
+    """The shell's session with no cluster running, and none left running after the test."""
+    from phalanx._session import session_for_shell
+
+    session = session_for_shell(shell)
+    if session.cluster.running:
+        session.stop_cluster()
+    yield session
+    session.stop_cluster()
+
+
+@pytest.fixture
 def two_engines(cluster_session):
     """The module's cluster, brought back to 2 live engines before the test."""
     session = cluster_session

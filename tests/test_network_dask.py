@@ -310,3 +310,27 @@ def test_stop_dask_tears_down_and_a_later_fit_starts_it_again(rc):
     assert machine(Ridge(), X, y, name="r").fit(cluster=rc).actions == {"r": "fit"}
     second = dask_client(rc)
     assert second is not first and len(second.scheduler_info()["workers"]) == 2
+
+
+def test_tls_dask_fits_and_refuses_peers_without_the_clusters_certificates(rc):
+    """What engines on other hosts get: every dask connection is TLS with certificates made
+    for this cluster; a plain or foreign client is turned away, a fit works as before."""
+    from distributed import Client, Security
+
+    stop_dask(rc)
+    dc = dask_client(rc, tls=True)
+    try:
+        address = dc.scheduler.address
+        assert address.startswith("tls://127.0.0.1:")
+        workers = dc.scheduler_info()["workers"]
+        assert len(workers) == 2 and all(w.startswith("tls://127.0.0.1:") for w in workers)
+        X, y = source(np.arange(20.0).reshape(10, 2)), source(np.arange(10.0))
+        r = machine(Ridge(), X, y, name="r")
+        assert r.fit(cluster=rc).actions == {"r": "fit"}
+        np.testing.assert_allclose(r.fitted.coef_, Ridge().fit(X(), y()).coef_)
+        for intruder in ({"address": address.replace("tls://", "tcp://")},
+                         {"address": address, "security": Security.temporary()}):
+            with pytest.raises((OSError, TimeoutError)):
+                Client(**intruder, timeout=5, set_as_default=False)
+    finally:
+        stop_dask(rc)

@@ -18,7 +18,7 @@ import time
 import psutil
 import pytest
 
-from test_reliability_helpers import alive, figures  # noqa: F401
+from test_reliability_helpers import alive, figures, listening_sockets  # noqa: F401
 
 pytestmark = pytest.mark.cluster
 
@@ -127,6 +127,13 @@ def test_engines_in_two_network_namespaces_join_one_run(namespaces, tmp_path, fi
         assert session.fits._receiver.address.startswith(f"tcp://{KERNEL_IP}:")
         session.distributed_fit(BODY, FitOptions.build(returns="total", widget=False), ns)
         assert ns["total"] == 6.0  # warm re-run across the namespaces
+        _fit_a_network_over_tls(session)
+        # Here (the kernel, the controller, the local engine): loopback or the bridge address
+        # only; the one exception is torch's TCPStore, whose server binds every interface.
+        here = [os.getpid()] + [p for pids in session.cluster.process_ids().values() for p in pids]
+        wide = [s for s in listening_sockets(here) if s[1] not in ("127.0.0.1", "::1", KERNEL_IP)]
+        assert [s[2] for s in wide] in ([session.fits._tcp_store.port],
+                                        [session.fits._tcp_store.port] * 2), wide
     finally:
         session.close()
         _, left = psutil.wait_procs(spawned, timeout=15)
@@ -136,3 +143,22 @@ def test_engines_in_two_network_namespaces_join_one_run(namespaces, tmp_path, fi
             proc.wait(timeout=5)
         log.close()
     assert not alive(left), "engines or nannies outlived the cluster"
+
+
+def _fit_a_network_over_tls(session) -> None:
+    """A learning network across the namespaces: dask over TLS, each worker on its own
+    address towards the scheduler, the scheduler on the kernel's."""
+    import numpy as np
+    from phalanx.network import machine, source
+    from sklearn.linear_model import Ridge
+
+    Xd, yd = np.arange(40.0).reshape(20, 2), np.arange(20.0) % 7
+    X, y = source(Xd, name="X"), source(yd, name="y")
+    ridge = machine(Ridge(), X, y, name="ridge")
+    assert session.fit_network(ridge.predict(X)).actions == {"ridge": "fit"}
+    np.testing.assert_allclose(ridge.fitted.coef_, Ridge().fit(Xd, yd).coef_)
+    dask = session.cluster.client._phalanx_dask_client
+    assert dask.scheduler.address.startswith(f"tls://{KERNEL_IP}:")
+    workers = sorted(dask.scheduler_info()["workers"])
+    assert [w.rsplit(":", 1)[0] for w in workers] == sorted(
+        f"tls://{ip}" for ip in (KERNEL_IP, *NAMESPACES.values()))

@@ -7,22 +7,27 @@
   ``open()`` and its ``chmod()`` leaves them readable;
 * a comm message from the frontend that does not fit the schema is rejected and logged, and the
   kernel keeps working (a real kernel, driven through jupyter_client);
-* scale requests above the configured maximum are refused with nothing changed.
+* scale requests above the configured maximum are refused with nothing changed;
+* after every feature has run in a real kernel (a foreground run, a learning network fitted on
+  the cluster through dask, a data-parallel node, a panel session, a scale up and down) no
+  process of the kernel or of its cluster listens beyond loopback.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import stat
 import threading
 import time
 import uuid
 
+import psutil
 import pytest
 
 from conftest import run_cell
-from test_reliability_helpers import listening_sockets
+from test_reliability_helpers import figures, listening_sockets, wait_for  # noqa: F401
 from test_reliability_lifecycle import _start_kernel, execute
 
 pytestmark = pytest.mark.cluster
@@ -150,3 +155,99 @@ lab.register()
         client.stop_channels()
         km.shutdown_kernel(now=True)
 
+
+
+# --- every feature, then every listener of a real kernel and its cluster ---------------------------
+
+_NETWORK = """
+import numpy as np, torch, phalanx
+from phalanx.network import machine, source
+from sklearn.base import BaseEstimator, RegressorMixin
+from sklearn.linear_model import Ridge
+from sklearn.preprocessing import StandardScaler
+
+class TorchRegressor(RegressorMixin, BaseEstimator):
+    def fit(self, X, y):
+        X, y = torch.as_tensor(X), torch.as_tensor(y)
+        self.net_ = torch.nn.Linear(X.shape[1], 1).double()
+        opt = torch.optim.SGD(self.net_.parameters(), lr=0.05)
+        for _ in range(5):
+            opt.zero_grad(); ((self.net_(X).squeeze(1) - y) ** 2).mean().backward(); opt.step()
+        return self
+    def predict(self, X):
+        with torch.no_grad():
+            return self.net_(torch.as_tensor(X)).squeeze(1).numpy()
+
+rng = np.random.default_rng(0)
+Xd = rng.normal(size=(40, 4)); yd = Xd @ rng.normal(size=4)
+X, y = source(Xd, name="X"), source(yd, name="y")
+W = machine(StandardScaler(), X, name="stand").transform(X)
+ridge = machine(Ridge(), W, y, name="ridge")
+yhat = ridge.predict(W)
+dp = machine(TorchRegressor(), W, y, name="dp", fit_runner=phalanx.data_parallel())
+yhat_dp = dp.predict(W)
+"""
+
+
+def _listeners(pids) -> list[tuple]:
+    """(pid, process name, proto, address, port) of every TCP listener and every bound,
+    unconnected UDP socket of ``pids``: all the ways a process can be reached from outside."""
+    wanted, found = set(pids), []
+    for conn in psutil.net_connections(kind="inet"):
+        if conn.pid not in wanted or not conn.laddr:
+            continue
+        tcp = conn.type == socket.SOCK_STREAM
+        if (tcp and conn.status == psutil.CONN_LISTEN) or (not tcp and not conn.raddr):
+            try:
+                name = " ".join(psutil.Process(conn.pid).cmdline()[1:3])[:60]
+            except psutil.NoSuchProcess:
+                name = "?"
+            found.append((conn.pid, name, "tcp" if tcp else "udp", conn.laddr.ip, conn.laddr.port))
+    return found
+
+
+def _kernel_tree(kernel_pid: int, client) -> list[int]:
+    """The kernel, its descendants and the processes its session says make up the cluster."""
+    pids = {kernel_pid} | {p.pid for p in psutil.Process(kernel_pid).children(recursive=True)}
+    roles = json.loads(execute(client, "import json; from phalanx import get_session\n"
+                                       "print(json.dumps(get_session().cluster.process_ids()))"
+                               ).strip().splitlines()[-1])
+    return sorted(pids | {p for group in roles.values() for p in group})
+
+
+@pytest.mark.timeout(900)  # a kernel, a cluster, dask, a scale up and down on a loaded 2-core box
+def test_nothing_listens_beyond_loopback_after_every_feature(figures):
+    km, client = _start_kernel()
+    seen: dict[str, list] = {}
+
+    def audit(after: str) -> None:
+        seen[after] = _listeners(_kernel_tree(km.provisioner.pid, client))
+
+    try:
+        execute(client, "%load_ext phalanx\n%cluster start -n 2 --gpus none\n")
+        execute(client, "%%distributed_fit --no-widget\nfrom phalanx import allreduce\nallreduce(1.0)\n")
+        audit("foreground run")
+        execute(client, _NETWORK)
+        execute(client, "%distributed_fit yhat\n")
+        audit("learning network on the cluster")
+        execute(client, "%distributed_fit yhat_dp\nassert phalanx.last_run().world_size == 2\n")
+        audit("data-parallel node")
+        comm_id = uuid.uuid4().hex
+        _send_comm(client, "comm_open", {"comm_id": comm_id, "target_name": "phalanx",
+                                         "data": {"v": 1, "type": "request_snapshot"}})
+        assert any(m.get("type") == "snapshot" for m in _comm_messages(client, comm_id))
+        _send_comm(client, "comm_msg", {"comm_id": comm_id, "data": {"v": 1, "type": "scale", "n": 3}})
+        wait_for(lambda: "3" in execute(client, "print(get_session().cluster.size)"), 120,
+                 interval=0.5, what="the panel's scale to 3 engines")
+        audit("panel session, scale up")
+        execute(client, "ridge.model.set_params(alpha=2.0)\n%distributed_fit yhat\n")
+        audit("learning network on 3 engines")
+        execute(client, "%cluster scale 2\n")
+        audit("scale down")
+    finally:
+        client.stop_channels()
+        km.shutdown_kernel(now=False)
+    figures["12_listeners"] = {k: [list(s) for s in v] for k, v in seen.items()}
+    assert all(seen.values()), f"found no listener at all: the check would prove nothing: {seen}"
+    exposed = {k: [s for s in v if s[3] not in LOOPBACK] for k, v in seen.items()}
+    assert not any(exposed.values()), f"listening beyond loopback: {exposed}"

@@ -13,7 +13,7 @@ from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from ._session import session_for_shell
-from .cluster import ClusterError, GpuSpecError
+from .cluster import ClusterError, GpuSpecError, LaunchOptions
 from .fit import FitOptions, FitUsageError, ShippingError
 from .fit._errors import VersionSkewError
 
@@ -44,8 +44,15 @@ class PhalanxMagics(Magics):
     @argument("-n", type=int, default=None, help="engines to start (default: one per GPU, else 2)")
     @argument("--gpus", default="auto", help="auto | none | comma list of device indices")
     @argument("--launcher", default="local", help="local | mpi | ssh | slurm | pbs | lsf")
-    @argument("--profile", default=None, help="IPython profile holding launcher configuration")
+    @argument("--profile", default=None, help="ipyparallel profile (name or folder) holding launcher configuration")
     @argument("--timeout", type=float, default=60.0, help="seconds to wait for engines")
+    @argument("--ip", default=None, help="address the controller listens on (default: the "
+              "interface that routes to the engines; loopback for local engines)")
+    @argument("--hosts", default=None, help="ssh: HOST:N[,HOST:N...] engines per host")
+    @argument("--slurm-args", "--pbs-args", "--lsf-args", dest="submit_args", default=None,
+              help='batch launchers: extra submit flags, e.g. --slurm-args="--partition=gpu"')
+    @argument("--no-encryption", action="store_true",
+              help="no CurveZMQ encryption off loopback (trusted networks only)")
     @line_magic
     def cluster(self, line: str) -> None:
         """Start, scale, restart, stop and show the engine cluster."""
@@ -54,7 +61,8 @@ class PhalanxMagics(Magics):
         if action is not None and action not in CLUSTER_ACTIONS:
             raise UsageError(f"unknown %cluster action {action!r}; valid: {', '.join(CLUSTER_ACTIONS)}"
                              "\n  %cluster start [-n N] [--gpus auto|none|0,1] [--launcher local|mpi"
-                             "|ssh|slurm|pbs|lsf] [--profile NAME] [--timeout SEC]\n  %cluster scale"
+                             "|ssh|slurm|pbs|lsf] [--profile NAME] [--timeout SEC] [--ip ADDR] [--hosts H:N,...]"
+                             " [--slurm-args=FLAGS] [--no-encryption]\n  %cluster scale"
                              " N | stop | status | restart [RANK]")
         try:
             self._cluster_action(action, args)
@@ -71,8 +79,11 @@ class PhalanxMagics(Magics):
                       "use %cluster scale N to resize it or %cluster stop first")
                 _display(session.status())
                 return
+            options = LaunchOptions(ip=args.ip, hosts=args.hosts, submit_args=args.submit_args,
+                                    encrypt=not args.no_encryption, profile=args.profile)
             _display(session.start_cluster(n=args.n, gpus=args.gpus, launcher=args.launcher,
-                                           profile=args.profile, timeout=args.timeout))
+                                           profile=args.profile, timeout=args.timeout,
+                                           options=options))
         elif action == "scale":
             _display(session.scale(_whole_number(args.value, "%cluster scale N")))
         elif action == "restart":

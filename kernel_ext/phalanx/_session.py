@@ -21,7 +21,7 @@ from typing import Any, Iterator
 
 from . import events
 from ._bus import EventBus
-from .cluster import ClusterError, ClusterManager, memory_mb, visible_gpus
+from .cluster import ClusterError, ClusterManager, LaunchOptions, memory_mb, visible_gpus
 from .fit import FitOptions, FitRunner, FitUsageError, RunRecord
 
 log = logging.getLogger("phalanx")
@@ -82,10 +82,12 @@ class Session:
         return self.cluster.max_engines
 
     def start_cluster(self, n: int | None = None, gpus: str = "auto", launcher: str = "local",
-                      profile: str | None = None, timeout: float = 60.0) -> ClusterStatus:
+                      profile: str | None = None, timeout: float = 60.0,
+                      options: LaunchOptions | None = None) -> ClusterStatus:
         """Start a cluster (``%cluster start``) and return its status."""
         with self._changing():
-            self.cluster.start(n=n, gpus=gpus, launcher=launcher, profile=profile, timeout=timeout)
+            self.cluster.start(n=n, gpus=gpus, launcher=launcher, profile=profile, timeout=timeout,
+                               options=options)
         return self.status()
 
     def scale(self, n: int) -> ClusterStatus:

@@ -1,9 +1,10 @@
 """Cluster layer: ipyparallel processes, dense ranks and GPU pinning."""
 
 from ._gpus import GpuSpecError, assign_devices, parse_gpu_spec, visible_gpus
-from ._launchers import LAUNCHERS, ClusterError
+from ._launchers import LAUNCHERS, ClusterError, LaunchOptions
 from ._manager import ClusterManager, EngineSlot
+from ._locality import is_local
 from ._procs import memory_mb
 
-__all__ = ["ClusterManager", "EngineSlot", "ClusterError", "GpuSpecError", "LAUNCHERS",
-           "assign_devices", "memory_mb", "parse_gpu_spec", "visible_gpus"]
+__all__ = ["ClusterManager", "EngineSlot", "ClusterError", "GpuSpecError", "LAUNCHERS", "LaunchOptions",
+           "assign_devices", "is_local", "memory_mb", "parse_gpu_spec", "visible_gpus"]

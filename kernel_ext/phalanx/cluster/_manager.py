@@ -2,8 +2,9 @@
 
 Processes are started by ipyparallel's own ``Cluster`` and launchers.  What phalanx adds:
 
-* with the local launcher every engine is its own engine set (a *slot*), so one rank can be
-  restarted or stopped alone, which ipyparallel cannot do by engine id;
+* a launcher object per kind (:mod:`._launchers`) says where the controller listens and how
+  engines start; with the local launcher every engine is its own engine set (a *slot*), so one
+  rank can be restarted or stopped alone, which ipyparallel cannot do by engine id;
 * dense ranks over the slots (:class:`RankTable`), pinned GPUs (:mod:`._gpus`);
 * fail-fast start: an engine set that exits before registering ends the wait at once with the
   tail of its log, and nothing is left running.
@@ -21,19 +22,20 @@ import itertools
 import logging
 import os
 import socket
+import subprocess
 import threading
-import time
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ._gpus import GpuSpec, assign_devices, default_engine_count, parse_gpu_spec, pinning_env, visible_gpus
 from ._loop import LoopThread
-from ._probe import identify_engine, pin_engine, warm_up
+from ._launchers import ClusterError, Launcher, LaunchOptions, make_launcher
+from ._probe import warm_up
+from ._procs import (check_count, kill_leftovers, local_pids,
+                     is_adopted, quiet_logger, shutdown_engines)
+from ._ranks import EngineSlot, RankTable
+from ._reporting import AdoptionMixin, StatusMixin
+from ._registration import await_registration, pin_group
 from ._supervise import command as supervised, parent_env
-from ._ranks import RankTable
-from ._launchers import LAUNCHERS, ClusterError, resolve_launcher, log_tail
-from ._procs import (ADOPTED, check_count, find_mpiexec, kill_leftovers, local_pids,
-                     is_adopted, memory_mb, quiet_logger, shutdown_engines)
 
 log = logging.getLogger("phalanx")
 
@@ -41,28 +43,12 @@ log = logging.getLogger("phalanx")
 # minutes: the controller pings every second; an engine that misses 10 checks (~15 s) exits.
 _CONTROLLER_ARGS = ["--HeartMonitor.period=1000", "--HeartMonitor.max_heartmonitor_misses=5"]
 _ENGINE_ARGS = ["--IPEngine.max_heartbeat_misses=10"]
-# Controller and local engines run under phalanx's supervisor (cluster/_supervise.py): a private
-# umask (connection files are owner-only from the moment they exist) and a watchdog that stops
-# them when the kernel is gone.
+# The controller and engines on this host run under phalanx's supervisor (cluster/_supervise.py):
+# a private umask (connection files are owner-only from the moment they exist) and a watchdog
+# that stops them when the kernel is gone.
 
 
-@dataclass
-class EngineSlot:
-    """One engine position managed by phalanx."""
-
-    slot_id: str
-    engine_set_id: str
-    device: str | None = None
-    engine_id: int | None = None
-    host: str = ""
-    address: str = ""
-    pid: int | None = None
-    state: str = "starting"
-    exit_code: int | None = None
-    info: dict = field(default_factory=dict)
-
-
-class ClusterManager:
+class ClusterManager(StatusMixin, AdoptionMixin):
     """Start and manage one ipyparallel cluster; all methods are synchronous.
 
     ``on_change`` is called (from any thread) whenever engines come, go or change state.
@@ -80,6 +66,8 @@ class ClusterManager:
         self._cluster: Any = None
         self.client: Any = None
         self.launcher = "local"
+        self._launcher: Launcher = make_launcher("local", LaunchOptions())
+        self.controller_ip = "127.0.0.1"
         self.gpu_spec = GpuSpec("auto")
         self._gpus: list[str] = []
         self._slots: dict[str, EngineSlot] = {}
@@ -118,80 +106,65 @@ class ClusterManager:
         """(generation, engine ids in rank order): changes whenever a process group must re-form."""
         return (self.generation, tuple(self.engine_ids()))
 
-    def process_ids(self) -> dict[str, list[int]]:
-        """Local processes of the cluster: the controller's and the engines', with children
-        (the controller's schedulers, each engine's nanny).  For audits and leak checks."""
-        import psutil
-
-        roots: dict[str, list[int]] = {"controller": [],
-                                       "engines": [s.pid for s in self.slots() if s.pid]}
-        controller = getattr(self._cluster, "controller", None) if self._cluster else None
-        if controller is not None and getattr(controller, "pid", None):
-            roots["controller"] = [controller.pid]
-        found: dict[str, list[int]] = {}
-        for role, pids in roots.items():
-            found[role] = []
-            for pid in pids:
-                try:
-                    proc = psutil.Process(pid)
-                    found[role] += [pid] + [c.pid for c in proc.children(recursive=True)]
-                except psutil.NoSuchProcess:
-                    continue
-        return found
-
-    def rank_of_engine(self, engine_id: int) -> int | None:
-        for rank, slot in enumerate(self.slots()):
-            if slot.engine_id == engine_id:
-                return rank
-        return None
-
     # --- start / stop ------------------------------------------------------------------------
 
     def start(self, n: int | None = None, gpus: str | None = "auto", launcher: str = "local",
               profile: str | None = None, timeout: float = 60.0,
-              controller_ip: str | None = None) -> list[EngineSlot]:
+              controller_ip: str | None = None,
+              options: LaunchOptions | None = None) -> list[EngineSlot]:
         """Start a controller and ``n`` engines and wait until every engine answers.
 
-        A local cluster's controller listens on loopback; ``controller_ip`` puts it on another
-        address, for engines started elsewhere and then :meth:`adopt`-ed.
+        ``options`` carry what the launcher needs (``--hosts``, ``--slurm-args``, ``--ip``);
+        ``controller_ip`` is the same as ``options.ip``: engines started elsewhere and then
+        :meth:`adopt`-ed reach a local cluster's controller there.
         """
         if self.running:
             raise ClusterError(f"a cluster is already running with {self.size} engine(s); "
                                "use %cluster scale N to resize it or %cluster stop first")
         spec = parse_gpu_spec(gpus)
-        launcher_class = resolve_launcher(launcher)
+        options = options or LaunchOptions()
+        if controller_ip:
+            options = LaunchOptions(**{**vars(options), "ip": controller_ip})
+        chosen = make_launcher(launcher, options)
         local_gpus = self._device_lister() if spec.mode != "none" else []
-        count = default_engine_count(spec, local_gpus) if n is None else check_count(n, "-n")
+        count = check_count(n, "-n") if n is not None else (
+            chosen.default_count() or default_engine_count(spec, local_gpus))
         self.check_limit(count)
-        if launcher in ("local", "mpi"):  # engines on this host: decide devices before starting
+        if chosen.engines_here:  # decide devices before starting
             assign_devices(spec, [socket.gethostname()] * count, {socket.gethostname(): local_gpus})
-        self.gpu_spec, self._gpus, self.launcher, self.timeout = spec, local_gpus, launcher, timeout
+        self.gpu_spec, self._gpus, self.timeout = spec, local_gpus, timeout
+        self.launcher, self._launcher = chosen.name, chosen
         self._runner = LoopThread()
         try:
-            self._runner.run(self._start_controller(launcher_class, profile, controller_ip),
-                             timeout + 30)
+            self._runner.run(self._start_controller(profile), timeout + 30)
             self._add_engines(count)
         except BaseException:
             self._teardown()
             raise
         return self.slots()
 
-    async def _start_controller(self, launcher_class: str, profile: str | None,
-                                controller_ip: str | None) -> None:
+    async def _start_controller(self, profile: str | None) -> None:
         import ipyparallel as ipp
 
         kwargs: dict[str, Any] = dict(
-            engines=launcher_class, delay=0, engine_timeout=int(self.timeout),
+            engines=self._launcher.ipp_name, delay=0, engine_timeout=int(self.timeout),
             controller_args=list(_CONTROLLER_ARGS), shutdown_atexit=True, log=quiet_logger(),
             parent=None)
-        if controller_ip or self.launcher in ("local", "mpi"):
-            kwargs["controller_ip"] = controller_ip or "127.0.0.1"  # local: loopback only
-        if profile:
+        if profile and os.sep in profile:  # a profile's folder rather than its name
+            kwargs["profile_dir"] = os.path.abspath(os.path.expanduser(profile))
+        elif profile:
             kwargs["profile"] = profile
-        self._cluster = ipp.Cluster(**kwargs)
-        await self._cluster.start_controller(controller_cmd=supervised("ipyparallel.controller"),
-                                             environment=parent_env())
-        self.client = await self._cluster.connect_client()
+        self._cluster = cluster = ipp.Cluster(**kwargs)
+        self._launcher.profile_config = cluster.config
+        self._launcher.profile_dir = cluster.profile_dir
+        self._launcher.check()  # before any process starts
+        self.controller_ip = cluster.controller_ip = self._launcher.listen_address(
+            cluster.controller_ip or None)
+        cluster.controller_args = list(cluster.controller_args) + self._launcher.controller_args(
+            self.controller_ip)
+        await cluster.start_controller(controller_cmd=supervised("ipyparallel.controller"),
+                                       environment=parent_env())
+        self.client = await cluster.connect_client()
 
     def stop(self) -> bool:
         """Stop every engine and the controller; returns False when nothing was running."""
@@ -203,21 +176,29 @@ class ClusterManager:
     def _teardown(self) -> None:
         with self._lock:
             pids = local_pids(self._slots.values())
-            adopted = [s.engine_id for s in self._slots.values() if is_adopted(s)]
+            asked = [s.engine_id for s in self._slots.values() if self._ask_to_exit(s)]
             for slot in self._slots.values():
                 slot.state = "stopping"
         cluster, client, runner = self._cluster, self.client, self._runner
         self._cluster = self.client = self._runner = None
+        sets = list(cluster.engines.values()) if cluster is not None else []
         try:
+            left = True
             if client is not None:
-                shutdown_engines(client, adopted)
+                left = shutdown_engines(client, asked)
                 client.close(linger=0)
             if cluster is not None and runner is not None:
-                runner.run(cluster.stop_cluster(), timeout=30)
+                if left and self._launcher.ask_engines_to_exit:  # the engines are gone
+                    runner.run(cluster.stop_controller(), timeout=30)
+                    for set_id in list(cluster.engines):
+                        self._launcher.forget(cluster.engines.pop(set_id))
+                else:
+                    runner.run(cluster.stop_cluster(), timeout=30)
         except Exception as exc:  # keep going: what matters is that no process survives
             log.warning("phalanx: stopping the cluster raised %s; killing leftovers", exc)
         finally:
             kill_leftovers(pids)
+            self._await_gone(sets)
             if runner is not None:
                 runner.close()
             with self._lock:
@@ -225,6 +206,16 @@ class ClusterManager:
                 self._ranks = RankTable()
                 self.generation += 1
             self._on_change()
+
+    def _await_gone(self, sets: list) -> None:
+        """Return once the launcher no longer lists the stopped sets (a cancelled batch job
+        leaves the queue only after its processes ended)."""
+        for engine_set in sets:
+            try:
+                self._launcher.after_stop(engine_set)
+            except Exception as exc:
+                log.warning("phalanx: checking that %s is gone raised %s",
+                            self._launcher.set_name(engine_set), exc)
 
     # --- scaling ------------------------------------------------------------------------------
 
@@ -235,7 +226,7 @@ class ClusterManager:
         self.check_limit(n)
         current = self.size
         if n > current:
-            if self.launcher in ("local", "mpi"):
+            if self._launcher.engines_here:
                 assign_devices(self.gpu_spec, [socket.gethostname()] * n, {socket.gethostname(): self._gpus})
             self._add_engines(n - current)
         elif n < current:
@@ -259,7 +250,7 @@ class ClusterManager:
             raise ClusterError(f"rank(s) {', '.join(map(str, adopted))} run on engines started "
                                "outside phalanx: restart them where they run and adopt them again")
         sets = {self._slots[s].engine_set_id for s in targets}
-        if self.launcher != "local":
+        if not self._launcher.one_set_per_engine:
             whole = {s for s in self._slots if self._slots[s].engine_set_id in sets}
             if whole != set(targets):
                 raise ClusterError(f"the {self.launcher} launcher starts engines in groups; "
@@ -289,6 +280,11 @@ class ClusterManager:
             self.generation += 1
         self._on_change()
 
+    def _ask_to_exit(self, slot: EngineSlot) -> bool:
+        """Engines asked to exit over ipyparallel before their launcher stops them: those
+        phalanx did not start, and those whose launcher is slow to stop them (SSH)."""
+        return is_adopted(slot) or self._launcher.ask_engines_to_exit
+
     def _stop_sets(self, sets: set[str]) -> None:
         with self._lock:
             doomed = [s for s in self._slots.values() if s.engine_set_id in sets]
@@ -297,53 +293,19 @@ class ClusterManager:
                 slot.state = "stopping"
         self._on_change()
         assert self._runner is not None
-        shutdown_engines(self.client, [s.engine_id for s in doomed if is_adopted(s)])
-        for set_id in sets - {s.engine_set_id for s in doomed if is_adopted(s)}:
+        left = shutdown_engines(self.client, [s.engine_id for s in doomed if self._ask_to_exit(s)])
+        launched = sets - {s.engine_set_id for s in doomed if is_adopted(s)}
+        stopping = [self._cluster.engines[s] for s in launched if s in self._cluster.engines]
+        for set_id in launched:
+            if left and self._launcher.ask_engines_to_exit:
+                self._launcher.forget(self._cluster.engines.pop(set_id, None))
+                continue
             try:
                 self._runner.run(self._cluster.stop_engines(set_id), timeout=30)
             except KeyError:
                 pass  # the set already exited on its own
         kill_leftovers(pids)
-
-    # --- engines started elsewhere -------------------------------------------------------------
-
-    def engine_connection_file(self) -> str:
-        """What an engine started by hand needs (``ipengine --file=PATH``): the controller's
-        address and keys.  Owner-only; copy it only to hosts you trust."""
-        self._require_running()
-        cluster = self._cluster
-        return os.path.join(cluster.profile_dir, "security",
-                            f"ipcontroller-{cluster.cluster_id}-engine.json")
-
-    def adopt(self, slot_ids: list[str], timeout: float | None = None) -> list[EngineSlot]:
-        """Give the next ranks to engines phalanx did not start (in a container, a network
-        namespace, on a host no launcher reaches).  Each must run with ``PHALANX_SLOT=<id>``
-        (and, when the hostname does not tell it apart, ``PHALANX_HOST``/``PHALANX_ADDRESS``).
-
-        Example::
-
-            path = manager.engine_connection_file()
-            # there: PHALANX_SLOT=far-0 python -m ipyparallel.engine --file=PATH
-            manager.adopt(["far-0"])
-        """
-        self._require_running()
-        taken = [s for s in slot_ids if s in self._slots]
-        if taken or len(set(slot_ids)) != len(slot_ids):
-            raise ClusterError(f"slot ids must be new and distinct, got {slot_ids!r}")
-        self.check_limit(self.size + len(slot_ids))
-        new = [self._register_slot(EngineSlot(s, ADOPTED + s)) for s in slot_ids]
-        saved, self.timeout = self.timeout, timeout or self.timeout
-        try:
-            self._await_registration(new)
-        except BaseException:
-            with self._lock:
-                for slot in new:
-                    self._slots.pop(slot.slot_id, None)
-            raise
-        finally:
-            self.timeout = saved
-        self._rank_new(new)
-        return self.slots()
+        self._await_gone(stopping)
 
     # --- adding engines -----------------------------------------------------------------------
 
@@ -374,16 +336,14 @@ class ClusterManager:
 
     def _launch(self, count: int) -> list[EngineSlot]:
         assert self._runner is not None and self._cluster is not None
-        first_rank = self.size
-        devices = assign_devices(self.gpu_spec, [socket.gethostname()] * (first_rank + count),
-                                 {socket.gethostname(): self._gpus})[first_rank:] \
-            if self.launcher == "local" else [None] * count
         slots: list[EngineSlot] = []
-        if self.launcher == "local":
+        if self._launcher.one_set_per_engine:
+            first_rank = self.size
+            devices = assign_devices(self.gpu_spec, [socket.gethostname()] * (first_rank + count),
+                                     {socket.gethostname(): self._gpus})[first_rank:]
             for device in devices:
                 slot_id = f"slot-{next(self._ids)}"
-                env = {"PHALANX_SLOT": slot_id, **pinning_env(device)}
-                self._start_set(slot_id, 1, env)
+                self._start_set(slot_id, 1, {"PHALANX_SLOT": slot_id, **pinning_env(device)})
                 slots.append(self._register_slot(EngineSlot(slot_id, slot_id, device)))
         else:
             set_id = f"set-{next(self._ids)}"
@@ -398,14 +358,14 @@ class ClusterManager:
         return slot
 
     def _start_set(self, set_id: str, count: int, env: dict[str, str]) -> None:
-        kwargs: dict[str, Any] = {"environment": dict(env), "engine_args": list(_ENGINE_ARGS)}
-        if self.launcher in ("local", "mpi"):  # on this host: they can watch the kernel
-            kwargs["engine_cmd"] = supervised("ipyparallel.engine")
-            kwargs["environment"].update(parent_env())
-        if self.launcher == "mpi":
-            kwargs["mpi_cmd"] = [find_mpiexec()]
-        self._runner.run(self._cluster.start_engines(count, engine_set_id=set_id, **kwargs),
-                         timeout=self.timeout)
+        kwargs = {"engine_args": list(_ENGINE_ARGS),
+                  **self._launcher.engine_kwargs(set_id, count, env)}
+        try:
+            self._runner.run(self._cluster.start_engines(count, engine_set_id=set_id, **kwargs),
+                             timeout=self.timeout)
+        except subprocess.CalledProcessError as exc:  # a batch system refused the job
+            self._cluster.engines.pop(set_id, None)
+            raise self._launcher.submit_error(exc) from None
         self._cluster.engines[set_id].on_stop(lambda data, s=set_id: self._set_stopped(s, data))
 
     def _set_stopped(self, set_id: str, data: dict | None) -> None:
@@ -421,89 +381,10 @@ class ClusterManager:
 
     def _await_registration(self, slots: list[EngineSlot]) -> None:
         """Wait until each new slot's engine has registered and answered the probe."""
-        deadline = time.monotonic() + self.timeout
-        pending = {s.slot_id: s for s in slots}
-        known = {s.engine_id for s in self._slots.values() if s.engine_id is not None}
-        probed: set[int] = set()
-        while pending:
-            dead = [s for s in slots if s.state == "dead"]
-            if dead:
-                raise ClusterError(self._startup_failure(dead[0], "exited before registering"))
-            if time.monotonic() > deadline:
-                raise ClusterError(self._startup_failure(next(iter(pending.values())),
-                                                         f"did not register within {self.timeout:g} s"))
-            for eid in [e for e in self.client.ids if e not in known and e not in probed]:
-                info = self.client[eid].apply_sync(identify_engine)
-                probed.add(eid)
-                slot = self._match(info, pending)
-                if slot is not None:
-                    slot.engine_id, slot.host, slot.address, slot.pid, slot.info = (
-                        eid, info["host"], info["address"], info["pid"], info)
-                    pending.pop(slot.slot_id)
-            time.sleep(0.05)
-        if self.launcher != "local":
-            self._pin_group(slots)
+        await_registration(self, slots, self.controller_ip)
+        if not self._launcher.one_set_per_engine:
+            pin_group(self, slots)
         self.client[[s.engine_id for s in slots]].apply_async(warm_up)  # not awaited
-
-    def _match(self, info: dict, pending: dict[str, EngineSlot]) -> EngineSlot | None:
-        if info["slot"] in pending:
-            return pending[info["slot"]]
-        by_mpi_rank = f"{info['set']}.{info['mpi_rank']}"  # keep MPI rank == phalanx rank
-        if info["mpi_rank"] is not None and by_mpi_rank in pending:
-            return pending[by_mpi_rank]
-        for slot in pending.values():  # grouped launchers: any slot of the engine's set
-            if slot.engine_set_id == info["set"]:
-                return slot
-        return None
-
-    def _pin_group(self, slots: list[EngineSlot]) -> None:
-        """Engines started together share one environment: pin each one after it registered."""
-        everyone = [s for s in self.slots() if s not in slots] + slots
-        hosts = [s.host for s in everyone]
-        visible = {h: (self._gpus if h == socket.gethostname() else []) for h in set(hosts)}
-        devices = assign_devices(self.gpu_spec, hosts, visible)[len(everyone) - len(slots):]
-        for slot, device in zip(slots, devices):
-            slot.device = device
-            self.client[slot.engine_id].apply_sync(pin_engine, slot.slot_id, device)
-
-    def _startup_failure(self, slot: EngineSlot, what: str) -> str:
-        output = ""
-        engine_set = self._cluster.engines.get(slot.engine_set_id) if self._cluster else None
-        if engine_set is not None:
-            try:
-                output = engine_set.get_output()
-            except Exception:
-                output = ""
-        return (f"engine(s) started by the {self.launcher} launcher {what}.\n"
-                f"Last lines of the engine log:\n{log_tail(output)}")
-
-    # --- status -------------------------------------------------------------------------------
-
-    def status(self, steps: dict[int, int] | None = None) -> list[dict]:
-        """One row per rank: rank, engine id, host, pid, device, state, memory (MB), step."""
-        busy = self._busy_engines()
-        rows = []
-        for rank, slot in enumerate(self.slots()):
-            state = slot.state
-            if state == "idle" and slot.engine_id in busy:
-                state = "busy"
-            rows.append({
-                "rank": rank, "engine_id": slot.engine_id if slot.engine_id is not None else -1,
-                "host": slot.host, "pid": slot.pid, "device": slot.device or "cpu",
-                "state": state, "memory_mb": memory_mb(slot.pid, slot.host),
-                "step": (steps or {}).get(rank),
-            })
-        return rows
-
-    def _busy_engines(self) -> set[int]:
-        if self.client is None:
-            return set()
-        try:
-            queue = self.client.queue_status(block=True)
-        except Exception:
-            return set()
-        return {eid for eid, q in queue.items()
-                if isinstance(q, dict) and (q.get("tasks", 0) or q.get("queue", 0))}
 
     # --- checks -------------------------------------------------------------------------------
 

@@ -1,43 +1,48 @@
 """Functions shipped to engines to identify and pin them (must import nothing heavy).
 
-They run inside ipyparallel engines through ``apply``; they only touch ``os`` and ``socket`` so
-that probing never imports torch (and never initialises CUDA) in an engine.
+They run inside ipyparallel engines through ``apply``; they only touch ``os``, ``socket`` and
+:mod:`._locality` so that probing never imports torch (and never initialises CUDA) in an engine.
 """
 
 from __future__ import annotations
 
 
-def identify_engine() -> dict:
-    """Who am I: slot, host, address, pid, MPI rank and current device pinning.
+def identify_engine(controller_ip: str | None = None) -> dict:
+    """Who am I: slot, host, machine identity, address, pid, MPI rank and device pinning.
 
-    ``PHALANX_HOST`` / ``PHALANX_ADDRESS`` in the engine's environment override the host name and
-    the address peers reach it at (for engines started by hand in a container or namespace).
+    The address is this engine's source address on the route to ``controller_ip`` (the
+    kernel's host), which is where peers on that network reach it.  ``PHALANX_HOST`` /
+    ``PHALANX_ADDRESS`` in the engine's environment override the host name and the address
+    (for engines started by hand in a container or namespace).
     """
     import os
     import socket
+
+    from phalanx.cluster._gpus import visible_gpus
+    from phalanx.cluster._locality import machine_identity, route_address
 
     env = os.environ
     mpi_rank = env.get("PMI_RANK") or env.get("OMPI_COMM_WORLD_RANK") or env.get("PMIX_RANK")
     local_rank = (env.get("MPI_LOCALRANKID") or env.get("OMPI_COMM_WORLD_LOCAL_RANK")
                   or env.get("SLURM_LOCALID"))
-    # Engines in containers or network namespaces share the machine's hostname but not its
-    # network: whoever starts them may say which host and address they really are.
     host = env.get("PHALANX_HOST") or socket.gethostname()
     address = env.get("PHALANX_ADDRESS")
     if not address:
         try:
-            address = socket.gethostbyname(socket.gethostname())
+            address = route_address(controller_ip or "127.0.0.1")
         except OSError:
             address = "127.0.0.1"
     return {
         "slot": env.get("PHALANX_SLOT", ""),
         "set": env.get("PHALANX_SET", ""),
         "host": host,
+        "machine": machine_identity(),
         "address": address,
         "pid": os.getpid(),
         "mpi_rank": int(mpi_rank) if mpi_rank is not None else None,
         "local_rank": int(local_rank) if local_rank is not None else None,
         "cuda_visible_devices": env.get("CUDA_VISIBLE_DEVICES"),
+        "gpus": visible_gpus(),  # this host's devices, for host-local pinning
     }
 
 

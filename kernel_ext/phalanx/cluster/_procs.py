@@ -7,6 +7,7 @@ touch processes and ipyparallel's client, never the manager's state.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import socket
 import sys
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ._launchers import ClusterError
+from ._locality import is_local
 
 log = logging.getLogger("phalanx")
 
@@ -45,26 +47,27 @@ def is_adopted(slot: Any) -> bool:
 
 def local_pids(slots: Any) -> list[int]:
     """Pids phalanx may kill: only of engines on this host (a remote pid is someone else's)."""
-    here = socket.gethostname()
-    return [s.pid for s in slots if s.pid and s.host in ("", here)]
+    return [s.pid for s in slots if s.pid and is_local(s)]
 
 
-def shutdown_engines(client: Any, engine_ids: list, wait_s: float = 5.0) -> None:
-    """Ask engines phalanx did not start to exit (it cannot signal them), and give them a
-    moment to unregister: an engine's nanny that finds the controller already gone hangs."""
+def shutdown_engines(client: Any, engine_ids: list, wait_s: float = 5.0) -> bool:
+    """Ask engines to exit through the controller (phalanx cannot signal adopted or remote
+    ones), and give them a moment to unregister: an engine's nanny that finds the controller
+    already gone hangs.  True when every one of them has left."""
     import time
 
     targets = [e for e in engine_ids if e is not None and e in client.ids]
     if not targets:
-        return
+        return True
     try:
         client.shutdown(targets=targets, block=False)
     except Exception as exc:
-        log.warning("phalanx: asking adopted engines %s to exit failed: %s", targets, exc)
-        return
+        log.warning("phalanx: asking engines %s to exit failed: %s", targets, exc)
+        return False
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline and set(targets) & set(client.ids):
         time.sleep(0.05)
+    return not set(targets) & set(client.ids)
 
 
 def find_mpiexec() -> str:

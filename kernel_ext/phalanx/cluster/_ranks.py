@@ -15,7 +15,24 @@ Example::
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Iterator
+
+
+@dataclass
+class EngineSlot:
+    """One engine position managed by phalanx."""
+
+    slot_id: str
+    engine_set_id: str
+    device: str | None = None
+    engine_id: int | None = None
+    host: str = ""
+    address: str = ""
+    pid: int | None = None
+    state: str = "starting"
+    exit_code: int | None = None
+    info: dict = field(default_factory=dict)
 
 
 class RankTable:

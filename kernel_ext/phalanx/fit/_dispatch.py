@@ -7,7 +7,6 @@ with nothing started.
 
 from __future__ import annotations
 
-import socket
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -89,11 +88,6 @@ def choose_backend(opts: FitOptions, slots: list, launcher: str) -> str:
 
 def reachable_ip(peer: str) -> str:
     """This host's address on the route to ``peer`` (no packet is sent)."""
-    if peer.startswith("127."):
-        return "127.0.0.1"
-    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        probe.connect((peer, 9))
-        return probe.getsockname()[0]
-    finally:
-        probe.close()
+    from ..cluster._locality import route_address
+
+    return route_address(peer)

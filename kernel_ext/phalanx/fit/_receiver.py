@@ -1,12 +1,16 @@
 """The kernel end of the metric stream: one ZeroMQ PULL socket for the session's lifetime.
 
 Engines PUSH JSON batches (see ``runtime/_metrics.py``); a daemon thread hands each to the
-tracker of its run.  Batches of unknown runs (a late flush of a run already over) are dropped.
+tracker of its run.  Batches of unknown runs (a late flush of a run already over) are dropped,
+and so is anything without this receiver's token: across hosts the port is open to the network,
+and the token reaches only this cluster's engines (inside each run's spec).
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
+import secrets
 import threading
 from typing import Callable
 
@@ -24,6 +28,8 @@ class MetricsReceiver:
         self._socket.setsockopt(zmq.LINGER, 0)
         port = self._socket.bind_to_random_port(f"tcp://{bind_ip}")
         self.address = f"tcp://{advertise_ip or bind_ip}:{port}"
+        self.token = secrets.token_hex(16)
+        self.dropped = 0  # batches without this receiver's token
         self._handlers: dict[str, Callable[[dict], None]] = {}
         self._lock = threading.Lock()
         self._closed = threading.Event()
@@ -55,8 +61,14 @@ class MetricsReceiver:
             except ValueError:
                 log.warning("phalanx: dropped a metric batch that was not valid JSON")
                 continue
+            if not isinstance(message, dict) or not hmac.compare_digest(
+                    str(message.get("token", "")), self.token):
+                self.dropped += 1
+                if self.dropped == 1:
+                    log.warning("phalanx: dropped a metric batch from outside this cluster")
+                continue
             with self._lock:
-                handler = self._handlers.get(message.get("run")) if isinstance(message, dict) else None
+                handler = self._handlers.get(message.get("run"))
             if handler is not None:
                 try:
                     handler(message)

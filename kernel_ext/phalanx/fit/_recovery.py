@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..cluster._locality import is_local
 from ..runtime._checkpoint import held_commits
 from ._checkpoints import Lineage, plan_resume
 from ._dispatch import Prepared, prepare
@@ -143,7 +144,7 @@ class Recovery:
 
     def _control_path(self, job: Job) -> str | None:
         slots = self.cluster.slots()
-        if job.lineage is None or not all(_local(s) for s in slots):
+        if job.lineage is None or not all(is_local(s) for s in slots):
             return None
         return os.path.join(self._store_dir, f"{job.lineage.key}.resize")
 
@@ -151,10 +152,6 @@ class Recovery:
         path = self._control_path(job)
         if path and os.path.exists(path):
             os.remove(path)
-
-
-def _local(slot: Any) -> bool:
-    return slot.address.startswith("127.") or slot.host == os.uname().nodename
 
 
 def _describe_sources(plan: dict) -> str:

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import itertools
 import os
-import shutil
-import tempfile
+import secrets
 import time
 import uuid
 from typing import Any, Callable
 
 from .. import events
+from .._scratch import ScratchDir, reap_orphans
+from ..cluster._locality import is_local, is_loopback
 from ..runtime._entry import run_cell, stash_objects
 from ._checkpoints import Lineage, choose_lineage, warn_if_unused
 from ._dispatch import Prepared, choose_backend, prepare, reachable_ip
@@ -40,6 +41,7 @@ class FitRunner(Recovery):
         self.cluster = cluster
         self._emit = emit
         self._id = uuid.uuid4().hex[:8]
+        self._secret = secrets.token_hex(16)  # shared with this cluster's engines only
         self._counter = itertools.count(1)
         self._formations = itertools.count(1)
         # Keyed by slot id, not engine id: a new cluster numbers its engines from 0 again, and
@@ -49,7 +51,10 @@ class FitRunner(Recovery):
         self._sent: dict[str, dict[str, str]] = {}    # slot id -> {shipped name: content hash}
         self._versions: dict[tuple, list[dict]] = {}
         self._receiver: MetricsReceiver | None = None
-        self._store_dir = tempfile.mkdtemp(prefix="phalanx-rdzv-")  # 0700: owner only
+        # The one-host rendezvous lives in a private directory made at the first run; it goes
+        # when the kernel goes, and a killed kernel's is removed here by the next one.
+        reap_orphans()
+        self._scratch = ScratchDir("rdzv")
         self._tcp_store: Any = None
         self._lineage: Lineage | None = None          # the last run's checkpoints (for --resume)
         self._job: Job | None = None
@@ -58,6 +63,10 @@ class FitRunner(Recovery):
         self.active_name: str | None = None
         self.last: RunRecord | None = None
         self.memory_interval_s = 1.0  # engines sample their memory this often during a run (0: off)
+
+    @property
+    def _store_dir(self) -> str:
+        return self._scratch.path  # 0700: owner only
 
     # --- public -----------------------------------------------------------------------------
 
@@ -95,7 +104,7 @@ class FitRunner(Recovery):
             self._receiver.close()
             self._receiver = None
         self._tcp_store = None
-        shutil.rmtree(self._store_dir, ignore_errors=True)
+        self._scratch.remove()
 
     # --- attempts ---------------------------------------------------------------------------
 
@@ -212,7 +221,7 @@ class FitRunner(Recovery):
                 self._groups.pop(slot.slot_id, None)
 
     def _store_for(self, slots: list, key: str) -> tuple:
-        if all(_local(s) for s in slots):
+        if all(is_local(s) for s in slots):
             return ("file", os.path.join(self._store_dir, key))
         import datetime
 
@@ -221,15 +230,16 @@ class FitRunner(Recovery):
         if self._tcp_store is None:
             self._tcp_store = dist.TCPStore("0.0.0.0", 0, None, True, wait_for_workers=False,
                                             timeout=datetime.timedelta(seconds=300))
-        return ("tcp", reachable_ip(_remote_address(slots)), self._tcp_store.port)
+        return ("tcp", reachable_ip(_remote_address(slots)), self._tcp_store.port, self._secret)
 
     def _receiver_for(self, slots: list) -> MetricsReceiver:
-        local = all(_local(s) for s in slots)
-        if self._receiver is None or (not local and self._receiver.address.startswith("tcp://127.")):
+        local = all(is_local(s) for s in slots)
+        if self._receiver is None or (not local and is_loopback(self._receiver.address)):
             if self._receiver is not None:
                 self._receiver.close()
+            # Across hosts: only the interface on the route to the engines, not every one.
             self._receiver = (MetricsReceiver("127.0.0.1") if local else
-                              MetricsReceiver("0.0.0.0", reachable_ip(_remote_address(slots))))
+                              MetricsReceiver(reachable_ip(_remote_address(slots))))
         return self._receiver
 
     def _specs(self, job: Job, slots: list, prepared: Prepared, plan: dict | None) -> list[dict]:
@@ -247,7 +257,8 @@ class FitRunner(Recovery):
                           "control": self._control_path(job)}
         return [{"run_id": job.run_id, "rank": r, "world_size": len(slots), "body": job.body,
                  "names": sorted(prepared.blobs), "group": {**group, "rank": r},
-                 "metrics_address": receiver.address, "sync": prepared.strategy or opts.sync,
+                 "metrics_address": receiver.address, "metrics_token": receiver.token,
+                 "sync": prepared.strategy or opts.sync,
                  "sync_from_notebook": prepared.strategy is not None, "every": opts.every,
                  "alpha": opts.alpha, "seed": opts.seed, "returns": list(opts.returns),
                  "return_all": False, "checkpoint": checkpoint,
@@ -278,14 +289,10 @@ def _exact_steps(tracker: RunTracker, results: dict) -> dict[int, int]:
     return steps
 
 
-def _local(slot: Any) -> bool:
-    return slot.address.startswith("127.") or slot.host == os.uname().nodename
-
-
 def _remote_address(slots: list) -> str:
     """An engine address off this host: the kernel advertises its address on the route there
     (a local engine would give loopback, which the others cannot reach)."""
-    return next((s.address for s in slots if not _local(s)), slots[0].address)
+    return next((s.address for s in slots if not is_local(s)), slots[0].address)
 
 
 def _checkpoint_manifest(lineage: Lineage | None, results: dict) -> dict | None:

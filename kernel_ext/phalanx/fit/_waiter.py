@@ -169,9 +169,9 @@ class Waiter:
 
 def _is_stopped(slot: Any) -> bool:
     """Whether a local engine process is stopped (SIGSTOP, or a debugger's trace stop)."""
-    import socket
+    from ..cluster._locality import is_local
 
-    if not slot.pid or slot.host != socket.gethostname():
+    if not slot.pid or not is_local(slot):
         return False
     try:
         import psutil

@@ -1,10 +1,18 @@
 """Fits on a cluster: dask.distributed running on the ipyparallel engines.
 
-:func:`dask_client` turns an ipyparallel ``Client`` into a dask cluster once (the engines
-become dask workers through ``Client.become_dask``) and caches the result on that client, so
-repeated fits start at once; :func:`stop_dask` tears it down.  :class:`DaskBackend` is the
-scheduler backend: every node is a dask future, intermediate outputs stay on the workers and
-only fit results come back to the kernel.
+:func:`dask_client` turns an ipyparallel ``Client`` into a dask cluster once (each engine runs a
+dask worker) and caches the result on that client, so repeated fits start at once;
+:func:`stop_dask` tears it down.  :class:`DaskBackend` is the scheduler backend: every node is a
+dask future, intermediate outputs stay on the workers and only fit results come back to the
+kernel.
+
+Nothing dask starts listens beyond this machine when every engine is on it: the scheduler (in
+the kernel) and the workers (in the engines) bind to 127.0.0.1 and the dashboard is off unless
+asked for.  When engines are on other hosts, scheduler, workers and client speak TLS with
+certificates made for this cluster only (``Security.temporary``): a peer without them is refused.
+The scheduler runs in the kernel rather than in ipyparallel's controller so that phalanx chooses
+its address and security, and stops it for real (ipyparallel's ``stop_dask`` leaves the
+controller's scheduler and the engines' workers listening).
 
 Example::
 
@@ -16,6 +24,8 @@ Example::
 
 from __future__ import annotations
 
+import os
+import socket
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -25,13 +35,17 @@ from ._tasks import raise_task
 # The cached dask client lives on the ipyparallel client it belongs to, not in this module:
 # its lifetime is that client's, and there is no process-wide registry to clean up.
 _CACHE_ATTR = "_phalanx_dask_client"
+LOOPBACK = "127.0.0.1"
 
 
-def dask_client(cluster: Any, timeout: float = 60.0) -> Any:
+def dask_client(cluster: Any, timeout: float = 60.0, tls: bool | None = None,
+                dashboard_address: str | None = None) -> Any:
     """The dask ``distributed.Client`` for ``cluster``, starting dask on the engines once.
 
     ``cluster`` is a dask ``Client`` (used as is), an ipyparallel ``Client``, or an object
-    whose ``.client`` is one of those (the session's cluster manager).
+    whose ``.client`` is one of those (the session's cluster manager).  ``tls`` defaults to
+    "engines on other hosts"; ``dashboard_address`` (e.g. ``"127.0.0.1:8787"``, default: the
+    ``PHALANX_DASK_DASHBOARD`` environment variable) turns dask's dashboard on there.
 
     Example::
 
@@ -50,15 +64,17 @@ def dask_client(cluster: Any, timeout: float = 60.0) -> Any:
     if cached is not None and cached.status == "running":
         return cached
     if cached is not None:
-        # A closed client with workers left behind: stop them, or become_dask would start a
-        # second worker in each engine.
+        # A closed client with workers left behind: stop them, or a second worker would start
+        # in each engine.
         _stop(ipp, cached)
-    n_engines = len(ipp.ids)
-    if n_engines == 0:
+    targets = list(ipp.ids)
+    if not targets:
         raise RuntimeError("the cluster has no engines to run dask workers on")
-    client = ipp.become_dask()
+    remote = _engines_elsewhere(cluster, ipp, targets)
+    client = _start(ipp, targets, remote, remote is not None if tls is None else tls,
+                    dashboard_address or os.environ.get("PHALANX_DASK_DASHBOARD") or None)
     try:
-        client.wait_for_workers(n_engines, timeout=timeout)
+        client.wait_for_workers(len(targets), timeout=timeout)
     except Exception:
         _stop(ipp, client)
         raise
@@ -89,13 +105,126 @@ def stop_dask(cluster: Any) -> bool:
     return True
 
 
+def _start(ipp: Any, targets: list[int], remote: str | None, tls: bool,
+           dashboard_address: str | None) -> Any:
+    """A scheduler in the kernel, one worker per engine, and a client of that scheduler."""
+    from distributed import Client as DaskClient, LocalCluster, Security
+
+    from .._scratch import ScratchDir
+
+    security = Security.temporary() if tls else Security()
+    # dask's scratch space (its own and, on this host, the workers') in a directory of the
+    # kernel's that goes with it, rather than a dask-scratch-space left in /tmp for good.
+    scratch = ScratchDir("dask")
+    # Locally everything binds to loopback; across hosts the scheduler listens on the kernel's
+    # address towards the engines ("" when unknown: every interface) and each worker on its
+    # engine's address towards the scheduler, all guarded by TLS.
+    host = LOOPBACK if remote is None else remote
+    scheduler = LocalCluster(
+        n_workers=0, processes=False, host=host, protocol="tls://" if tls else "tcp://",
+        security=security, dashboard_address=None,
+        scheduler_kwargs={"dashboard": dashboard_address is not None,
+                          # the scheduler's HTTP routes (health, metrics) stay on loopback too
+                          "dashboard_address": dashboard_address or f"{LOOPBACK}:0",
+                          "local_directory": scratch.path})
+    try:
+        ipp[targets].apply_sync(
+            _start_engine_worker, scheduler.scheduler_address, nthreads=1, security=security,
+            host=LOOPBACK if remote is None else None, dashboard_address=f"{LOOPBACK}:0",
+            local_directory=scratch.path if remote is None else None)
+        client = DaskClient(scheduler, set_as_default=False)
+        client._phalanx_scratch = scratch
+        return client
+    except BaseException:
+        _close_workers(ipp, targets)
+        scheduler.close()
+        scratch.remove()
+        raise
+
+
+def _engines_elsewhere(cluster: Any, ipp: Any, targets: list[int]) -> str | None:
+    """None when every engine runs on this host, else this host's address towards them."""
+    from distributed.utils import get_ip
+
+    slots = getattr(cluster, "slots", None)
+    if callable(slots):  # the session's cluster manager knows where each engine runs
+        from ..cluster import is_local
+
+        away = [s for s in slots() if not is_local(s)]
+        return get_ip(away[0].address) if away else None
+    hosts = ipp[targets].apply_sync(socket.gethostname)
+    return None if set(hosts) == {socket.gethostname()} else ""
+
+
 def _stop(ipp: Any, client: Any) -> None:
+    scheduler = getattr(client, "cluster", None)
     try:
         client.close()
     finally:
         if hasattr(ipp, _CACHE_ATTR):
             delattr(ipp, _CACHE_ATTR)
-        ipp.stop_dask()
+        try:
+            _close_workers(ipp, list(ipp.ids))
+        finally:
+            if scheduler is not None:
+                scheduler.close()
+            if getattr(client, "_phalanx_scratch", None) is not None:
+                client._phalanx_scratch.remove()
+
+
+def _close_workers(ipp: Any, targets: list[int], wait_s: float = 10.0) -> None:
+    """Close the dask worker in each engine that still answers (a dead one took its worker
+    with it).  One request per engine: an engine that vanished must not spare the others."""
+    pending = []
+    for engine_id in targets:
+        try:
+            pending.append(ipp[engine_id].apply_async(_close_engine_worker))
+        except Exception:  # unregistered meanwhile
+            continue
+    for request in pending:
+        try:
+            request.get(timeout=wait_s)
+        except Exception:  # died or too busy to answer: nothing more to do for it
+            continue
+
+
+# --- run in the engines (shipped by reference: engines import phalanx) --------------------------
+
+def _start_engine_worker(address: str, **worker_args: Any) -> None:
+    """Start a dask worker inside this engine's event loop (replacing a closed or stale one).
+
+    With no ``host`` the worker listens on this engine's address towards the scheduler: the
+    one interface the others can reach it on (not every interface, nor a default route that a
+    host on a private network may not have)."""
+    import asyncio
+
+    from distributed import Worker
+    from distributed.comm import get_address_host
+    from distributed.utils import get_ip
+
+    if worker_args.get("host") is None:
+        worker_args["host"] = get_ip(get_address_host(address))
+    _close_engine_worker()
+    kernel = _engine_kernel()
+    kernel.distributed_worker = worker = Worker(address, **worker_args)
+    asyncio.ensure_future(worker.start())
+
+
+def _close_engine_worker() -> None:
+    """Close this engine's dask worker (its listeners go with it) and forget it."""
+    import asyncio
+
+    kernel = _engine_kernel()
+    worker = getattr(kernel, "distributed_worker", None)
+    kernel.distributed_worker = None
+    if worker is not None:
+        asyncio.ensure_future(worker.close(reason="phalanx stop_dask"))
+
+
+def _engine_kernel() -> Any:
+    from IPython import get_ipython
+
+    return get_ipython().kernel
 
 
 def _ipp_client(cluster: Any) -> Any:
@@ -163,7 +292,7 @@ class DaskBackend:
                     on_start(h)
 
         start_ready()
-        for future in as_completed(handles):
+        for future in as_completed(handles, loop=self.client.loop):
             start_ready()
             try:
                 value = future.result()

@@ -164,7 +164,7 @@ def _new_run(spec: dict, group: Any, namespace: dict) -> RunContext:
 
     reset_cuda_peak()  # the run's peak, not the process's
     run.metrics = MetricsSender(spec["metrics_address"], spec["run_id"], spec["rank"],
-                                spec.get("memory_interval_s", 1.0))
+                                spec.get("metrics_token", ""), spec.get("memory_interval_s", 1.0))
     run.collectives.clock = run.metrics.clock
     return run
 

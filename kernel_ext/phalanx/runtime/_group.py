@@ -31,7 +31,7 @@ class GroupSpec:
     key: str
     rank: int
     world_size: int
-    store: tuple            # ("file", path) on one host, ("tcp", host, port) across hosts
+    store: tuple            # ("file", path) on one host, ("tcp", host, port, secret) across hosts
     backend: str            # "gloo" | "nccl" | "mpi"
     timeout_s: float
     hosts: tuple = ()       # host of each rank
@@ -92,7 +92,10 @@ def form_group(spec: GroupSpec) -> GroupHandle:
     else:
         store = dist.TCPStore(spec.store[1], spec.store[2], None, False, timeout=timeout)
         _use_interface_towards(spec.store[1])
-    prefixed = dist.PrefixStore(spec.key, store)
+    # Across hosts the store's port is open to the network: keys are prefixed with a secret
+    # the kernel sent over ipyparallel's (encrypted) channel, so nothing else can meet them.
+    secret = spec.store[3] if spec.store[0] == "tcp" and len(spec.store) > 3 else ""
+    prefixed = dist.PrefixStore(f"{secret}/{spec.key}" if secret else spec.key, store)
     torch_backend = "nccl" if spec.backend == "nccl" else "gloo"
     dist.init_process_group(torch_backend, store=prefixed, rank=spec.rank,
                             world_size=spec.world_size, timeout=timeout)

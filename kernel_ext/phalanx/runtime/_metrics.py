@@ -44,7 +44,8 @@ def to_number(value: Any) -> float | None:
 class MetricsSender:
     """Batch metric rows and step counts of one rank to the kernel."""
 
-    def __init__(self, address: str, run_id: str, rank: int, memory_interval_s: float = 1.0) -> None:
+    def __init__(self, address: str, run_id: str, rank: int, token: str = "",
+                 memory_interval_s: float = 1.0) -> None:
         import zmq
 
         from ._memory import MemoryTracker
@@ -54,7 +55,7 @@ class MetricsSender:
         self._socket = self._ctx.socket(zmq.PUSH)
         self._socket.setsockopt(zmq.LINGER, 2000)
         self._socket.connect(address)
-        self._run_id, self._rank = run_id, rank
+        self._run_id, self._rank, self._token = run_id, rank, token
         self._rows: list[list] = []
         self._warnings: list[str] = []
         self._warned: set[str] = set()
@@ -113,8 +114,8 @@ class MetricsSender:
                 and getattr(self, "_sent_step", -1) == self._step):
             return
         self._sent_step = self._step
-        message = {"run": self._run_id, "rank": self._rank, "rows": rows, "step": self._step,
-                   "warnings": warnings, "final": final}
+        message = {"run": self._run_id, "token": self._token, "rank": self._rank, "rows": rows,
+                   "step": self._step, "warnings": warnings, "final": final}
         if samples:
             message["memory"] = samples
         if timing:

@@ -1,0 +1,92 @@
+"""Waiting for new engines to register: match each to its slot, or say why it never will.
+
+Kept apart from :mod:`._manager` so the manager only decides what to start and stop.  Engines
+started as a group (MPI, SSH, batch jobs) are pinned to their host's devices here too.  A start
+ends in one of three ways: every slot's engine answered the probe; an engine set died or its
+launcher knows it will not come (a batch job that ended, or stays pending past the timeout);
+or the timeout passed.  The error names the set and ends with the tail of its log.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ._launchers import ClusterError, Launcher, log_tail
+from ._gpus import assign_devices
+from ._locality import host_label, is_local
+from ._probe import identify_engine, pin_engine
+
+
+def await_registration(manager: Any, slots: list, controller_ip: str) -> None:
+    """Wait until each of ``slots`` has an engine that answered the probe (or raise)."""
+    deadline = time.monotonic() + manager.timeout
+    pending = {s.slot_id: s for s in slots}
+    known = {s.engine_id for s in manager._slots.values() if s.engine_id is not None}
+    probed: set[int] = set()
+    while pending:
+        check_sets(manager, slots, pending, waited_out=time.monotonic() > deadline)
+        for eid in [e for e in manager.client.ids if e not in known and e not in probed]:
+            info = manager.client[eid].apply_sync(identify_engine, controller_ip)
+            probed.add(eid)
+            slot = match(info, pending)
+            if slot is not None:
+                slot.engine_id, slot.address, slot.pid, slot.info = (
+                    eid, info["address"], info["pid"], info)
+                slot.host = host_label(info)
+                pending.pop(slot.slot_id)
+        time.sleep(0.05)
+
+
+def pin_group(manager: Any, slots: list) -> None:
+    """Engines started together share one environment: pin each one after it registered,
+    to a device of its own host (the host's devices as its engines reported them)."""
+    everyone = [s for s in manager.slots() if s not in slots] + slots
+    visible = {s.host: (manager._gpus if is_local(s) else s.info.get("gpus", [])) for s in everyone}
+    devices = assign_devices(manager.gpu_spec, [s.host for s in everyone], visible)
+    for slot, device in zip(slots, devices[len(everyone) - len(slots):]):
+        slot.device = device
+        manager.client[slot.engine_id].apply_sync(pin_engine, slot.slot_id, device)
+
+
+def check_sets(manager: Any, slots: list, pending: dict, waited_out: bool) -> None:
+    """Raise when a pending slot's engine set died or will not register."""
+    dead = [s for s in slots if s.state == "dead"]
+    if dead:
+        raise ClusterError(failure(manager, dead[0], "exited before registering"))
+    launcher: Launcher = manager._launcher
+    for set_id in {s.engine_set_id for s in pending.values()}:
+        engine_set = manager._cluster.engines.get(set_id) if manager._cluster else None
+        why = launcher.set_failure(engine_set, waited_out) if engine_set is not None else None
+        if why:
+            raise ClusterError(f"{why}.\n{output_tail(engine_set)}")
+    if waited_out:
+        raise ClusterError(failure(manager, next(iter(pending.values())),
+                                   f"did not register within {manager.timeout:g} s"))
+
+
+def match(info: dict, pending: dict) -> Any:
+    """The pending slot an engine that answered the probe belongs to (``None``: not ours)."""
+    if info["slot"] in pending:
+        return pending[info["slot"]]
+    by_mpi_rank = f"{info['set']}.{info['mpi_rank']}"  # keep MPI rank == phalanx rank
+    if info["mpi_rank"] is not None and by_mpi_rank in pending:
+        return pending[by_mpi_rank]
+    for slot in pending.values():  # grouped launchers: any slot of the engine's set
+        if slot.engine_set_id == info["set"]:
+            return slot
+    return None
+
+
+def output_tail(engine_set: Any) -> str:
+    try:
+        output = engine_set.get_output() if engine_set is not None else ""
+    except Exception:
+        output = ""
+    return f"Last lines of the engine log:\n{log_tail(output)}"
+
+
+def failure(manager: Any, slot: Any, what: str) -> str:
+    engine_set = manager._cluster.engines.get(slot.engine_set_id) if manager._cluster else None
+    name = manager._launcher.set_name(engine_set) if engine_set is not None else "engine(s)"
+    return f"{name} started by the {manager.launcher} launcher {what}.\n{output_tail(engine_set)}"

@@ -1,0 +1,208 @@
+"""``%cluster start --launcher ssh`` against real sshd, with a network namespace as a second host.
+
+The test builds the network (root only): a bridge ``phx-sbr`` holding the kernel's host address
+10.214.0.1 and a veth into the namespace ``phx-ssh`` (10.214.0.2).  An sshd runs on each address
+(the namespace's is the "second host"), with a host key and a root key the test makes; the SSH
+options come from an ipyparallel profile, as a person would configure them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from IPython.core.error import UsageError
+
+from conftest import run_cell
+from test_reliability_helpers import figures, wait_for  # noqa: F401
+from test_reliability_netns import BODY
+
+pytestmark = pytest.mark.cluster
+
+BRIDGE, HERE, NS, THERE = "phx-sbr", "10.214.0.1", "phx-ssh", "10.214.0.2"
+NOBODY = "10.214.0.9"  # on the bridge's network, but no host answers there
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+
+def _teardown_network() -> None:
+    subprocess.run(["ip", "netns", "del", NS], capture_output=True)
+    subprocess.run(["ip", "link", "del", "phx-sv0"], capture_output=True)
+    subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True)
+
+
+def _build_network() -> None:
+    _ip("link", "add", BRIDGE, "type", "bridge")
+    _ip("addr", "add", f"{HERE}/24", "dev", BRIDGE)
+    _ip("link", "set", BRIDGE, "up")
+    _ip("netns", "add", NS)
+    _ip("link", "add", "phx-sv0", "type", "veth", "peer", "name", "phx-sp0")
+    _ip("link", "set", "phx-sp0", "netns", NS)
+    _ip("link", "set", "phx-sv0", "master", BRIDGE)
+    _ip("link", "set", "phx-sv0", "up")
+    for args in (("addr", "add", f"{THERE}/24", "dev", "phx-sp0"), ("link", "set", "phx-sp0", "up"),
+                 ("link", "set", "lo", "up")):
+        _ip("netns", "exec", NS, "ip", *args)
+
+
+def _sshd_config(folder, address: str) -> str:
+    return "\n".join([
+        f"ListenAddress {address}", "Port 22", f"HostKey {folder}/host_key",
+        f"AuthorizedKeysFile {folder}/authorized_keys", "PermitRootLogin prohibit-password",
+        "PasswordAuthentication no", "KbdInteractiveAuthentication no", "UsePAM no",
+        "StrictModes no", f"PidFile {folder}/sshd-{address}.pid", ""])
+
+
+def _start_sshd(folder, address: str, prefix: list[str]) -> subprocess.Popen:
+    config = folder / f"sshd-{address}.conf"
+    config.write_text(_sshd_config(folder, address))
+    return subprocess.Popen([*prefix, shutil.which("sshd"), "-D", "-f", str(config),
+                             "-E", str(folder / f"sshd-{address}.log")])
+
+
+def _listening(address: str) -> bool:
+    import socket
+
+    try:
+        with socket.create_connection((address, 22), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory):
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the test creates a network namespace and runs sshd")
+    if shutil.which("ip") is None or shutil.which("sshd") is None or shutil.which("ssh") is None:
+        pytest.skip("needs iproute2 and openssh (client and server): make test installs them")
+    folder = tmp_path_factory.mktemp("ssh")
+    _teardown_network()
+    try:
+        _build_network()
+    except subprocess.CalledProcessError as exc:
+        _teardown_network()
+        pytest.skip(f"cannot create network namespaces here: {exc.stderr.strip()}")
+    os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege separation folder
+    for key in ("host_key", "root_key", "stranger_key"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(folder / key)],
+                       check=True)
+    shutil.copy(folder / "root_key.pub", folder / "authorized_keys")
+    daemons = [_start_sshd(folder, HERE, []), _start_sshd(folder, THERE, ["ip", "netns", "exec", NS])]
+    try:
+        wait_for(lambda: _listening(HERE) and _listening(THERE), 30, what="sshd listening")
+        yield _profile(folder)
+    finally:
+        for daemon in daemons:
+            daemon.terminate()
+            daemon.wait(timeout=10)
+        _teardown_network()
+
+
+def _profile(folder, key: str = "root_key") -> str:
+    """An ipyparallel profile with the SSH options of one key (as a person would set them)."""
+    profile = folder / f"profile_{key}"
+    profile.mkdir()
+    options = ["-i", str(folder / key), "-o", "StrictHostKeyChecking=no",
+               "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR"]
+    (profile / "ipcluster_config.py").write_text(
+        f"c.SSHEngineSetLauncher.ssh_args = {options!r}\n"
+        f"c.SSHEngineSetLauncher.scp_args = {options!r}\n"
+        # phalanx as this checkout has it, on every host
+        f"c.SSHEngineSetLauncher.environment = {{'PYTHONPATH': {os.environ['PYTHONPATH']!r}}}\n")
+    return str(profile)
+
+
+@pytest.fixture
+def session(no_cluster, hosts):
+    return no_cluster
+
+
+def _remote_engine_pids() -> list[int]:
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        if "ipyparallel.engine" in " ".join(proc.info["cmdline"] or []):
+            try:
+                if os.readlink(f"/proc/{proc.pid}/ns/net") != os.readlink("/proc/self/ns/net"):
+                    found.append(proc.pid)
+            except OSError:
+                continue
+    return found
+
+
+def test_engines_over_ssh_on_two_hosts_train_together(session, shell, hosts, figures):
+    started = time.monotonic()
+    shell.run_line_magic("cluster", f"start --launcher ssh --hosts {HERE}:1,{THERE}:1 "
+                                    f"--gpus none --timeout 120 --profile {hosts}")
+    figures["15_ssh_start_to_ready_s"] = round(time.monotonic() - started, 2)
+    slots = session.cluster.slots()
+    assert sorted(s.address for s in slots) == [HERE, THERE]
+    assert len({s.host for s in slots}) == 2  # the panel shows two hosts
+    assert session.cluster.controller_ip == HERE  # the interface that routes to the engines
+    run_cell(shell, "%%distributed_fit --return total,transport --no-widget\n" + BODY)
+    assert shell.user_ns["total"] == 3.0  # both ranks took part
+    assert shell.user_ns["transport"] == "TorchCommunicator"  # no shared memory across hosts
+    record = session.last_run()
+    assert record.status == "done" and {r["rank"] for r in record.history.rows()} == {0, 1}
+    assert session.fits._tcp_store is not None  # a rendezvous both hosts reach
+    _check_protected(session)
+    shell.run_line_magic("cluster", "stop")
+    wait_for(lambda: not _remote_engine_pids(), 30, what="engines on the second host gone")
+
+
+def _check_protected(session) -> None:
+    """Beyond loopback: CurveZMQ on, keys owner-only, metrics only from this cluster's engines."""
+    import json
+    import stat
+
+    import zmq
+
+    path = session.cluster.engine_connection_file()
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    with open(path) as handle:
+        assert json.load(handle).get("curve_serverkey")  # engines must speak CurveZMQ
+    receiver = session.fits._receiver
+    assert receiver.address.startswith(f"tcp://{HERE}:")
+    rows_before = len(session.last_run().history.rows())
+    stranger = zmq.Context.instance().socket(zmq.PUSH)
+    stranger.setsockopt(zmq.LINGER, 1000)
+    stranger.connect(receiver.address)
+    for token in ("", "guess"):
+        stranger.send_json({"run": session.last_run().run_id, "token": token, "rank": 0,
+                            "rows": [[99, 0.0, {"step_rank": 5.0}]], "step": 99,
+                            "warnings": [], "final": False})
+    stranger.close()
+    wait_for(lambda: receiver.dropped >= 2, 10, what="foreign metric batches dropped")
+    assert len(session.last_run().history.rows()) == rows_before
+
+
+def test_an_unreachable_host_fails_the_start_naming_it(session, shell, hosts):
+    with pytest.raises(UsageError) as caught:
+        shell.run_line_magic("cluster", f"start --launcher ssh --hosts {THERE}:1,{NOBODY}:1 "
+                                        f"--gpus none --timeout 60 --profile {hosts}")
+    assert f"host '{NOBODY}'" in str(caught.value)
+    assert not session.cluster.running and not _remote_engine_pids()
+
+
+def test_a_refused_key_fails_the_start_naming_the_host(session, shell, hosts):
+    stranger = _profile(Path(hosts).parent, "stranger_key")  # a key the hosts do not know
+    with pytest.raises(UsageError) as caught:
+        shell.run_line_magic("cluster", f"start --launcher ssh --hosts {THERE}:1 --gpus none "
+                                        f"--profile {stranger}")
+    message = str(caught.value)
+    assert f"host '{THERE}'" in message and "Permission denied" in message, message
+    assert not session.cluster.running and not _remote_engine_pids()
+
+
+def test_hosts_that_cannot_be_read_are_refused(session, shell):
+    with pytest.raises(UsageError, match="cannot read 'a:x' in --hosts"):
+        shell.run_line_magic("cluster", "start --launcher ssh --hosts a:x --gpus none")
+    assert not session.cluster.running

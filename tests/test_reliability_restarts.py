@@ -1,0 +1,76 @@
+"""No leaks across kernel lifetimes (issue 12): one real kernel (jupyter_client) restarted ten
+times with phalanx loaded, a cluster started and runs done in some lifetimes, ended in every way
+a kernel ends - a restart request, SIGTERM, SIGKILL.  Afterwards nothing of any lifetime is left:
+no file or directory in the kernels' temporary directory, no shared-memory segment of their runs,
+no process.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import psutil
+import pytest
+
+from test_reliability_helpers import alive, figures, wait_for  # noqa: F401
+from test_reliability_lifecycle import _start_kernel, execute
+
+pytestmark = pytest.mark.cluster
+
+LIFETIMES = 10
+RUN = "%%distributed_fit --no-widget\nfrom phalanx import allreduce\nallreduce(1.0)\n"
+NETWORK = """
+import numpy as np
+from phalanx.network import machine, source
+from sklearn.linear_model import Ridge
+X, y = source(np.arange(20.0).reshape(10, 2), name="X"), source(np.arange(10.0), name="y")
+yhat = machine(Ridge(), X, y, name="ridge").predict(X)
+"""
+# lifetime -> (what runs in it, how it ends); the others load phalanx and end by a restart request
+PLAN = {0: ("run+network", "restart"), 2: ("", "sigkill"), 4: ("run", "sigterm"),
+        6: ("run", "sigkill")}
+
+
+def _end(km, how: str) -> None:
+    if how == "sigterm":  # what a kernel manager sends a kernel slow to stop
+        kernel = psutil.Process(km.provisioner.pid)
+        kernel.send_signal(signal.SIGTERM)
+        kernel.wait(timeout=30)
+    km.restart_kernel(now=how != "restart")  # now=True: SIGKILL, no clean-up can run
+
+
+@pytest.mark.timeout(900)  # ten kernel starts, three clusters, on a loaded 2-core machine
+def test_ten_kernel_lifetimes_leave_nothing_behind(tmp_path, figures):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    km, client = _start_kernel({"TMPDIR": str(tmp)})  # everything temporary lands in tmp
+    runner_ids, processes = [], []
+    started = time.monotonic()
+    try:
+        for lifetime in range(LIFETIMES):
+            work, how = PLAN.get(lifetime, ("", "restart"))
+            execute(client, "%load_ext phalanx\nfrom phalanx import get_session\n")
+            runner_ids.append(execute(client, "print(get_session().fits._id)").strip())
+            if work:
+                execute(client, "%cluster start -n 2 --gpus none\n")
+                execute(client, RUN)
+            if "network" in work:
+                execute(client, NETWORK + "\n%distributed_fit yhat\n")
+            processes += psutil.Process(km.provisioner.pid).children(recursive=True)
+            _end(km, how)
+            client.wait_for_ready(timeout=60)
+    finally:
+        client.stop_channels()
+        km.shutdown_kernel(now=False)
+    _, left = psutil.wait_procs(processes, timeout=30)
+    for proc in left:  # never leave anything behind, even when the test fails
+        proc.kill()
+    figures["12_kernel_lifetimes"] = LIFETIMES
+    figures["12_kernel_lifetimes_s"] = round(time.monotonic() - started, 1)
+    assert not alive(left), [" ".join(p.cmdline()[:3]) for p in left if p.is_running()]
+    leftovers = sorted(os.listdir(tmp))
+    assert leftovers == [], leftovers
+    segments = [n for n in os.listdir("/dev/shm") if any(f"phx-{r}-" in n for r in runner_ids)]
+    assert segments == []
