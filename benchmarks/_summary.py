@@ -13,6 +13,7 @@ SECTIONS = [
     ("history", "bench_history.py"),
     ("network", "bench_network.py"),
     ("cluster_start", "bench_start.py"),
+    ("inside", "bench_inside.py"),
 ]
 
 

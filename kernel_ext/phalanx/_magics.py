@@ -119,6 +119,9 @@ class PhalanxMagics(Magics):
                    "the kernel's temporary data)")
     @argument("--uneven", default="join",
               help="join | error: ranks that run out of data early answer the others, or fail")
+    @argument("--profile", nargs="?", type=int, const=5, default=None, metavar="STEPS",
+              help="record STEPS optimizer steps (default 5) on every rank with torch.profiler "
+                   "into one trace file next to the notebook")
     @line_cell_magic
     def distributed_fit(self, line: str, cell: str | None = None) -> Any:
         """Run the cell's training loop on every engine, data-parallel."""
@@ -134,16 +137,18 @@ class PhalanxMagics(Magics):
                                     checkpoint_every=args.checkpoint_every,
                                     checkpoint_dir=args.checkpoint_dir, resume=args.resume,
                                     max_restarts=args.max_restarts, uneven=args.uneven,
-                                    keep_history=args.keep_history)
+                                    keep_history=args.keep_history, profile=args.profile)
             from .widgets import RunDisplay  # bokeh and ipywidgets: loaded on the first run, not at %load_ext
 
             shown = RunDisplay(self.session, self.shell, widget=opts.widget)
             try:
-                self.session.distributed_fit(cell, opts, self.shell.user_ns, on_start=shown.start)
+                record = self.session.distributed_fit(cell, opts, self.shell.user_ns, on_start=shown.start)
             finally:  # a failed or interrupted run keeps its summary too
                 summary = shown.finish()
                 if summary is not None:
                     _display(summary, metadata=summary.metadata)  # {"phalanx": {"manifest": ...}}
+            if record.profile is not None:
+                _display(record.profile)
         except _USER_ERRORS as exc:
             raise UsageError(str(exc)) from None
         return None

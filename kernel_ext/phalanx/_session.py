@@ -40,14 +40,18 @@ class ClusterStatus:
     def __len__(self) -> int:
         return len(self.rows)
 
+    def _columns(self) -> tuple[str, ...]:
+        gpu = any(r.get("cuda_allocated_mb") is not None for r in self.rows)
+        return self.COLUMNS + (("cuda_allocated_mb", "cuda_reserved_mb", "cuda_peak_mb") if gpu else ())
+
     def _cells(self, row: dict) -> list[str]:
-        return ["" if row.get(c) is None else str(row.get(c)) for c in self.COLUMNS]
+        return ["" if row.get(c) is None else str(row.get(c)) for c in self._columns()]
 
     def __repr__(self) -> str:
         if not self.rows:
             return "no cluster is running: start one with %cluster start -n 2"
-        table = [list(self.COLUMNS)] + [self._cells(r) for r in self.rows]
-        widths = [max(len(line[i]) for line in table) for i in range(len(self.COLUMNS))]
+        table = [list(self._columns())] + [self._cells(r) for r in self.rows]
+        widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
         lines = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)) for line in table]
         return (f"{len(self.rows)} engine(s), {self.launcher} launcher (ranks are dense 0..N-1; "
                 "after scaling down they are renumbered)\n" + "\n".join(lines))
@@ -55,7 +59,7 @@ class ClusterStatus:
     def _repr_html_(self) -> str:
         if not self.rows:
             return "<i>no cluster is running: start one with <code>%cluster start -n 2</code></i>"
-        head = "".join(f"<th>{c}</th>" for c in self.COLUMNS)
+        head = "".join(f"<th>{c}</th>" for c in self._columns())
         body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in self._cells(r)) + "</tr>"
                        for r in self.rows)
         return (f"<div><b>{len(self.rows)} engine(s)</b>, {self.launcher} launcher"
@@ -122,8 +126,14 @@ class Session:
             return self.cluster.stop()
 
     def status(self) -> ClusterStatus:
-        steps = self.fits.active.steps if self.fits.active is not None else None
-        rows = self.cluster.status(steps) if self.cluster.running else []
+        from .cluster._memory import fill_engine_memory, merge_samples
+
+        active = self.fits.active
+        rows = self.cluster.status(active.steps if active is not None else None) if self.cluster.running else []
+        if active is not None:  # the engines' own samples, about a second old
+            merge_samples(rows, active.memory.latest())
+        elif rows:  # GPU and remote engines: only they know their figures
+            fill_engine_memory(self.cluster.client, rows)
         return ClusterStatus(rows, self.cluster.launcher)
 
     def cluster_view(self, widget: bool | None = None) -> Any:

@@ -68,7 +68,7 @@ def _check_engine(e: Any, where: str) -> None:
     state = _need(e, "state", str, where)
     if state not in ENGINE_STATES:
         raise SchemaError(f"{where}: engine state {state!r} not one of {ENGINE_STATES}")
-    for key in ("memory_mb", "step", "pid"):
+    for key in ("memory_mb", "step", "pid", "cuda_allocated_mb", "cuda_reserved_mb", "cuda_peak_mb"):
         _opt_num(e, key, where)
 
 
@@ -154,6 +154,29 @@ def _check_network(m: Mapping[str, Any]) -> None:
             raise SchemaError("network: each edge must be a [source_id, target_id] pair of strings")
 
 
+def _per_rank(m: Mapping[str, Any], kind: str, required: tuple, optional: tuple = ()) -> None:
+    """An event of one run with a ``ranks`` list of ``{rank, <numbers>}`` entries."""
+    _need(m, "run", str, kind)
+    for entry in _need(m, "ranks", list, kind):
+        if not isinstance(entry, Mapping):
+            raise SchemaError(f"{kind}: rank entry must be an object")
+        _need(entry, "rank", int, kind)
+        for key in required:
+            _need(entry, key, _NUM, kind)
+        for key in optional:
+            _opt_num(entry, key, kind)
+
+
+def _check_memory(m: Mapping[str, Any]) -> None:
+    _per_rank(m, "memory", ("t",), ("rss_mb", "cuda_allocated_mb", "cuda_reserved_mb",
+                                    "cuda_peak_mb", "cuda_total_mb"))
+
+
+def _check_time(m: Mapping[str, Any]) -> None:
+    _per_rank(m, "time", ("collective_s", "collective_wait_s", "collective_move_s",
+                          "collectives", "log_s"))
+
+
 def _check_snapshot(m: Mapping[str, Any]) -> None:
     for ev in _need(m, "events", list, "snapshot"):
         validate_event(ev)
@@ -167,6 +190,8 @@ _EVENT_CHECKS = {
     "run_ended": _check_run_ended,
     "network": _check_network,
     "snapshot": _check_snapshot,
+    "memory": _check_memory,
+    "time": _check_time,
 }
 
 
@@ -264,6 +289,34 @@ def network_state(network: str, nodes: Iterable[Mapping[str, Any]],
     last_action}`` and edges ``[source_id, target_id]``."""
     return _event("network", network=network, nodes=[dict(n) for n in nodes],
                   edges=[[a, b] for a, b in edges])
+
+
+def memory(run: str, ranks: Iterable[Mapping[str, Any]]) -> dict:
+    """Each rank's latest memory sample, about once a second during a run:
+    ``[{rank, t, rss_mb, cuda_allocated_mb?, cuda_reserved_mb?, cuda_peak_mb?, cuda_total_mb?}]``
+    (CUDA figures only from ranks that use CUDA; MB = 2**20 bytes).
+
+    Example::
+
+        >>> memory("r1", [{"rank": 0, "t": 1.0, "rss_mb": 512.0}])["ranks"][0]["rss_mb"]
+        512.0
+    """
+    return _event("memory", run=run, ranks=[dict(r) for r in ranks])
+
+
+def time_parts(run: str, ranks: Iterable[Mapping[str, Any]]) -> dict:
+    """Each rank's seconds so far in phalanx collectives (``collective_s``, split into
+    ``collective_wait_s`` waiting for the slowest peer and ``collective_move_s`` moving bytes;
+    ``collectives`` calls) and in ``log()`` (``log_s``); sent when they change.
+
+    Example::
+
+        >>> ev = time_parts("r1", [{"rank": 0, "collective_s": 1.0, "collective_wait_s": 0.75,
+        ...                         "collective_move_s": 0.25, "collectives": 4, "log_s": 0.01}])
+        >>> validate_event(ev)["type"]
+        'time'
+    """
+    return _event("time", run=run, ranks=[dict(r) for r in ranks])
 
 
 def snapshot(events: Iterable[Mapping[str, Any]]) -> dict:

@@ -24,6 +24,10 @@ export interface IEngine {
   device?: string | null;
   memory_mb?: number | null;
   step?: number | null;
+  /** CUDA caching-allocator figures (MB), only for engines that use CUDA. */
+  cuda_allocated_mb?: number | null;
+  cuda_reserved_mb?: number | null;
+  cuda_peak_mb?: number | null;
 }
 
 export interface IRankProgress {
@@ -109,6 +113,41 @@ export interface ISnapshotEvent extends IEventBase {
   events: PhalanxEvent[];
 }
 
+/** One rank's latest memory sample (MB = 2**20 bytes); CUDA fields only where CUDA is used. */
+export interface IRankMemory {
+  rank: number;
+  t: number;
+  rss_mb?: number | null;
+  cuda_allocated_mb?: number | null;
+  cuda_reserved_mb?: number | null;
+  cuda_peak_mb?: number | null;
+  cuda_total_mb?: number | null;
+}
+
+/** Each rank's memory, about once a second while a run goes. */
+export interface IMemoryEvent extends IEventBase {
+  type: 'memory';
+  run: string;
+  ranks: IRankMemory[];
+}
+
+/** A rank's seconds so far in phalanx collectives (waiting for the slowest peer / moving bytes) and in log(). */
+export interface IRankTime {
+  rank: number;
+  collective_s: number;
+  collective_wait_s: number;
+  collective_move_s: number;
+  collectives: number;
+  log_s: number;
+}
+
+/** Each rank's time parts, sent when they change during a run. */
+export interface ITimeEvent extends IEventBase {
+  type: 'time';
+  run: string;
+  ranks: IRankTime[];
+}
+
 export type PhalanxEvent =
   | IClusterEvent
   | IRunStartedEvent
@@ -116,7 +155,9 @@ export type PhalanxEvent =
   | IMetricsEvent
   | IRunEndedEvent
   | INetworkEvent
-  | ISnapshotEvent;
+  | ISnapshotEvent
+  | IMemoryEvent
+  | ITimeEvent;
 
 export type PhalanxRequest =
   | { v: number; type: 'request_snapshot' }
@@ -196,6 +237,9 @@ function checkCluster(m: Obj): void {
     for (const key of ['memory_mb', 'step', 'pid']) {
       optional(e, key, 'number', 'cluster');
     }
+    for (const key of ['cuda_allocated_mb', 'cuda_reserved_mb', 'cuda_peak_mb']) {
+      optional(e, key, 'number', 'cluster');
+    }
   }
   need(m, 'max_engines', 'int', 'cluster');
   need(m, 'busy', 'bool', 'cluster');
@@ -268,6 +312,39 @@ function checkSnapshot(m: Obj): void {
   }
 }
 
+/** An event of one run with a `ranks` list of `{rank, <numbers>}` entries. */
+function checkPerRank(m: Obj, kind: string, required: string[], optionalKeys: string[] = []): void {
+  need(m, 'run', 'string', kind);
+  for (const entry of entries(m, 'ranks', kind)) {
+    need(entry, 'rank', 'int', kind);
+    for (const key of required) {
+      need(entry, key, 'number', kind);
+    }
+    for (const key of optionalKeys) {
+      optional(entry, key, 'number', kind);
+    }
+  }
+}
+
+function checkMemory(m: Obj): void {
+  checkPerRank(
+    m,
+    'memory',
+    ['t'],
+    ['rss_mb', 'cuda_allocated_mb', 'cuda_reserved_mb', 'cuda_peak_mb', 'cuda_total_mb']
+  );
+}
+
+function checkTime(m: Obj): void {
+  checkPerRank(m, 'time', [
+    'collective_s',
+    'collective_wait_s',
+    'collective_move_s',
+    'collectives',
+    'log_s'
+  ]);
+}
+
 const EVENT_CHECKS: Record<PhalanxEvent['type'], (m: Obj) => void> = {
   cluster: checkCluster,
   run_started: checkRunStarted,
@@ -275,7 +352,9 @@ const EVENT_CHECKS: Record<PhalanxEvent['type'], (m: Obj) => void> = {
   metrics: checkMetrics,
   run_ended: checkRunEnded,
   network: checkNetwork,
-  snapshot: checkSnapshot
+  snapshot: checkSnapshot,
+  memory: checkMemory,
+  time: checkTime
 };
 
 const REQUEST_CHECKS: Record<PhalanxRequest['type'], (m: Obj) => void> = {

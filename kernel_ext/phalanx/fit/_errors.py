@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any, Mapping
 
+from ._memory import cuda_oom_text, host_signs, oom_hint
+
 # Errors a rank raises because *another* rank failed: reported only when nothing else explains it.
 SECONDARY = ("CollectiveAborted", "PeerDied", "CollectiveTimeout", "CollectiveError", "Unresponsive",
              "DistBackendError", "DistNetworkError", "DistError")
@@ -42,8 +44,9 @@ def describe_failure(rank: int, result: dict, slot: Any) -> str:
         return _describe_stall(where, rank, result)
     if result.get("error") == "EngineDied":
         code = result.get("exit_code")
+        hint = _death_hint(result, slot)
         return (f"{where} died during the run after step {steps}"
-                + (f" (exit code {code})" if code is not None else "")
+                + (f" ({hint})" if hint else f" (exit code {code})" if code is not None else "")
                 + f". Bring it back with %cluster restart {rank}.")
     if result.get("error") == "Unresponsive":
         text = (f"{where} stopped answering: it did not come back within "
@@ -55,7 +58,19 @@ def describe_failure(rank: int, result: dict, slot: Any) -> str:
         return text + f"its engine was restarted; its last reported step was {steps}."
     if result.get("interrupted"):
         return f"{where} was stopped at step {steps}."
-    return f"{where} raised {result.get('error')} after {steps} step(s):\n" + _indent(result)
+    oom = cuda_oom_text(result)
+    return (f"{where} raised {result.get('error')} after {steps} step(s)"
+            + (f"; {oom}" if oom else "") + ":\n" + _indent(result))
+
+
+def _death_hint(result: dict, slot: Any) -> str | None:
+    """Signs of out-of-memory for a dead engine (SIGKILL); the host's signs only where it is ours."""
+    import socket
+
+    memory = result.get("memory") or {}
+    killed = oom_hint(result.get("exit_code"), None, None) is not None
+    signs = host_signs() if killed and slot.host == socket.gethostname() else {}
+    return oom_hint(result.get("exit_code"), slot.pid, memory.get("rss_mb"), **signs)
 
 
 def cause_of(exc: BaseException) -> str:

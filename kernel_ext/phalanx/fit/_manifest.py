@@ -65,4 +65,6 @@ def build_manifest(opts: Any, slots: list, backend: str, prepared: Any, versions
         "engines": [{k: v.get(k) for k in REPORTED} for v in versions],
         "final_metrics": {str(r): m for r, m in record.final_metrics().items()},
         "status": record.status,
+        "memory_peak_mb": {str(r): m for r, m in record.memory.items()},
+        "time_s": {str(r): t for r, t in record.timing.items()},
     }

@@ -57,6 +57,7 @@ class FitOptions:
     max_restarts: int = 0
     keep_history: str | None = None
     uneven: str = "join"
+    profile: int | None = None       # --profile STEPS: record that many optimizer steps per rank
     extra: dict = field(default_factory=dict)
 
     @classmethod
@@ -66,7 +67,7 @@ class FitOptions:
               collective_timeout: Any = 60.0, name: str | None = None,
               widget: bool = True, checkpoint_every: Any = None, checkpoint_dir: str | None = None,
               resume: bool = False, max_restarts: Any = 0, uneven: str = "join",
-              keep_history: str | None = None) -> "FitOptions":
+              keep_history: str | None = None, profile: Any = None) -> "FitOptions":
         """Check every flag and return the options, or raise :class:`FitUsageError`."""
         # A plain name may be a notebook class: the runner checks it against the notebook.
         if sync not in STRATEGIES and not (_IDENT.match(sync or "") or _DOTTED.match(sync or "")):
@@ -88,6 +89,8 @@ class FitOptions:
             if value is not None and float(value) <= 0:
                 raise FitUsageError(f"{flag} must be a positive number of seconds, got {value}")
         _check_recovery(checkpoint_every, checkpoint_dir, resume, max_restarts)
+        if profile is not None:
+            _positive_int(profile, "--profile")
         shard_names, return_names = _names(shard, "--shard"), _names(returns, "--return")
         return cls(n=None if n is None else int(n), sync=sync, every=int(every), alpha=float(alpha),
                    backend=backend, shard=shard_names, returns=return_names,
@@ -98,7 +101,8 @@ class FitOptions:
                    checkpoint_every=None if checkpoint_every is None else int(checkpoint_every),
                    checkpoint_dir=checkpoint_dir or None, resume=bool(resume),
                    max_restarts=int(max_restarts), uneven=uneven,
-                   keep_history=_keep_dir(keep_history))
+                   keep_history=_keep_dir(keep_history),
+                   profile=None if profile is None else int(profile))
 
     @property
     def checkpointed(self) -> bool:

@@ -24,6 +24,12 @@ class RunRecord:
     error: str | None = None
     # What happened to the run on the way: {"kind": "resume"|"restart"|"resize", "step", ...}
     changes: list[dict] = field(default_factory=list)
+    # Peak memory of each rank over the run: {rank: {"rss_mb", "cuda_allocated_mb", ...}}
+    memory: dict[int, dict[str, float]] = field(default_factory=dict)
+    profile: Any = None              # a ProfileReport with --profile
+    # Seconds per rank in phalanx collectives (waiting for the slowest peer / moving bytes) and
+    # in log(): {rank: {"collective_s", "collective_wait_s", "collective_move_s", "log_s", ...}}
+    timing: dict[int, dict[str, float]] = field(default_factory=dict)
     # The curves at bounded size (a CurveDigest): what the summary draws and a reloaded panel gets
     digest: Any = None
 
@@ -61,8 +67,13 @@ class RunRecord:
 
     def summary_rows(self) -> list[dict]:
         finals = self.final_metrics()
-        return [{"rank": r, "steps": self.steps.get(r, 0), **finals.get(r, {})}
+        return [{"rank": r, "steps": self.steps.get(r, 0), **finals.get(r, {}), **self._peak(r)}
                 for r in range(self.world_size)]
+
+    def _peak(self, rank: int) -> dict[str, float]:
+        peaks = self.memory.get(rank, {})
+        shown = {"peak_rss_mb": peaks.get("rss_mb"), "peak_cuda_mb": peaks.get("cuda_peak_mb")}
+        return {k: v for k, v in shown.items() if v is not None}
 
     def __repr__(self) -> str:
         lines = [f"run {self.name}: {self.status} in {self.wall_s:.2f} s on {self.world_size} "
@@ -70,7 +81,18 @@ class RunRecord:
         for row in self.summary_rows():
             metrics = ", ".join(f"{k}={v:.4g}" for k, v in row.items() if k not in ("rank", "steps"))
             lines.append(f"  rank {row['rank']}: {row['steps']} steps  {metrics}")
+        lines += [f"  rank {r}: {text}" for r, text in self.time_lines().items()]
         return "\n".join(lines)
+
+    def time_lines(self) -> dict[int, str]:
+        """Where each rank's time went in collectives and log(), where there was any."""
+        out = {}
+        for rank, t in sorted(self.timing.items()):
+            if t.get("collectives") or t.get("log_s"):
+                out[rank] = (f"{t['collective_s']:.3f} s in {int(t['collectives'])} collective(s) "
+                             f"(waiting for the slowest peer {t['collective_wait_s']:.3f} s, moving "
+                             f"bytes {t['collective_move_s']:.3f} s), {t['log_s']:.3f} s in log()")
+        return out
 
     def _repr_html_(self) -> str:
         rows = self.summary_rows()

@@ -27,6 +27,7 @@ from ._engine_calls import alive, call_each, dispatch, fault_of
 from ._errors import DistributedFitError, failure
 from ._manifest import build_manifest, check_versions, engine_versions
 from ._options import FitOptions, FitUsageError
+from ._profile import ProfileReport
 from ._receiver import MetricsReceiver
 from ._recovery import Job, Recovery
 from ._record import RunRecord
@@ -62,6 +63,7 @@ class FitRunner(Recovery):
         self.active: RunTracker | None = None
         self.active_name: str | None = None
         self.last: RunRecord | None = None
+        self.memory_interval_s = 1.0  # engines sample their memory this often during a run (0: off)
 
     @property
     def _store_dir(self) -> str:
@@ -165,11 +167,15 @@ class FitRunner(Recovery):
         tracker.drain()  # every row that arrived is in the digest the summary and manifest use
         record = RunRecord(job.run_id, job.name, status, len(slots), wall,
                            _exact_steps(tracker, results), tracker.history, changes=list(job.changes),
-                           digest=tracker.digest)
+                           digest=tracker.digest, memory=tracker.memory.peaks(),
+                           timing=tracker.timing.totals())
         record.manifest = build_manifest(job.opts, slots, job.backend, prepared, versions, record)
         record.manifest["history"] = record.history_manifest()
         record.manifest["checkpoint"] = _checkpoint_manifest(job.lineage, results)
         record.manifest["changes"] = list(job.changes)
+        if job.opts.profile and status == "done":
+            record.profile = ProfileReport.from_results(results, job.name, slots)
+            record.manifest["profile"] = os.path.basename(record.profile.path) if record.profile else None
         self.last = record
         self._emit(events.run_ended(job.run_id, status, wall, None if status == "done" else status))
         if status == "done":
@@ -269,7 +275,8 @@ class FitRunner(Recovery):
                  "sync_from_notebook": prepared.strategy is not None, "every": opts.every,
                  "alpha": opts.alpha, "seed": opts.seed, "returns": list(opts.returns),
                  "return_all": False, "checkpoint": checkpoint, "uneven": opts.uneven,
-                 "shard": list(opts.shard)}
+                 "shard": list(opts.shard), "memory_interval_s": self.memory_interval_s,
+                 "profile": opts.profile}
                 for r in range(len(slots))]
 
     def _stash(self, slots: list, prepared: Prepared) -> None:

@@ -17,6 +17,8 @@ import warnings
 from .. import events
 from ._digest import CurveDigest
 from ._history import MetricHistory
+from ._memory import RunMemory
+from ._timing import CollectiveTimes
 from ._progress import RateMeter, eta_seconds, stragglers
 
 PUBLISH_INTERVAL_S = 0.1
@@ -37,6 +39,8 @@ class RunTracker:
         self.total_steps = total_steps
         self.history = MetricHistory(history_dir)
         self.digest = CurveDigest(world_size)
+        self.memory = RunMemory()
+        self.timing = CollectiveTimes(world_size)
         self.steps = {r: 0 for r in range(world_size)}
         self.final: set[int] = set()
         self.warnings: list[str] = []
@@ -57,6 +61,10 @@ class RunTracker:
         """Called by the receiver thread for each batch of this run."""
         rank = int(message["rank"])
         self.history.extend(rank, message.get("rows", []))
+        if "memory" in message or "memory_peak" in message:
+            self.memory.add(rank, message.get("memory") or [], message.get("memory_peak"))
+        if message.get("timing"):
+            self.timing.add(rank, message["timing"])
         with self._lock:
             self.steps[rank] = max(self.steps.get(rank, 0), int(message.get("step", 0)))
             self._meters.setdefault(rank, RateMeter()).add(time.time(), self.steps[rank])
@@ -67,6 +75,7 @@ class RunTracker:
     def rewind(self, step: int, world_size: int) -> None:
         """A new attempt resumes at ``step`` (after a restart or a resize), maybe on another
         number of ranks: progress restarts there; the history keeps every row that arrived."""
+        self.timing.rewind(world_size)
         with self._lock:
             self.world_size = self.digest.world_size = world_size
             self.steps = {r: step for r in range(world_size)}
@@ -113,6 +122,12 @@ class RunTracker:
                         for r in rows]
                 self._emit(events.metrics(self.run_id, wire))
             self._emit(events.progress(self.run_id, self.progress_rows()))
+            memory = self.memory.take_fresh()
+            if memory:
+                self._emit(events.memory(self.run_id, memory))
+            times = self.timing.take_changed()
+            if times:
+                self._emit(events.time_parts(self.run_id, times))
             return len(self.history) - self._published
 
     def drain(self) -> None:

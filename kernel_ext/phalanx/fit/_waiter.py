@@ -192,5 +192,7 @@ def _is_stopped(slot: Any) -> bool:
 
 
 def died(slot: Any, tracker: Any, rank: int, detail: str = "") -> dict:
+    memory = getattr(tracker, "memory", None)
     return {"ok": False, "error": "EngineDied", "exit_code": slot.exit_code, "ended_at": time.time(),
-            "steps": tracker.steps.get(rank, 0), "message": detail}
+            "steps": tracker.steps.get(rank, 0), "message": detail,
+            "memory": memory.latest().get(rank) if memory is not None else None}

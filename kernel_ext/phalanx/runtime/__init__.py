@@ -37,6 +37,7 @@ Example (two ranks as threads, with the in-process communicator used for testing
 """
 
 from importlib import import_module
+from time import perf_counter as _perf_counter
 
 from ._collectives import allreduce, barrier, broadcast
 from ._hooks import no_sync, wrap
@@ -68,11 +69,15 @@ def log(**metrics: object) -> None:
 
         log(loss=loss.item(), lr=opt.param_groups[0]["lr"])
     """
+    began = _perf_counter()
     run = current_run()
     run.log_calls += 1
     # With no optimizer step yet (or none at all) the row is placed by its log call number.
     step = run.steps if run.strategies or run.steps else run.log_calls
     run.metrics.record(step, metrics)
+    clock = getattr(run.metrics, "clock", None)
+    if clock is not None:
+        clock.log_s += _perf_counter() - began
 
 
 def latest_metrics() -> dict[str, float]:

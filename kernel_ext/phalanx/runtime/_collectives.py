@@ -11,6 +11,7 @@ memory on one host, else torch.distributed.
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 from typing import Any
 
@@ -26,6 +27,10 @@ class Collectives:
         self._group = group
         self.rank = group.spec.rank
         self.world_size = group.spec.world_size
+        self.clock: Any = None  # a StepClock: times each call (waiting vs moving bytes)
+
+    def _timed(self) -> Any:
+        return self.clock.collective() if self.clock is not None else contextlib.nullcontext()
 
     @property
     def bytes_sent(self) -> int:
@@ -40,15 +45,18 @@ class Collectives:
     # one-worker run costs what a plain loop costs.
     def allreduce(self, arrays: list, op: str = "sum") -> None:
         if self.world_size > 1:
-            self._pick(arrays).allreduce(arrays, op=op)
+            with self._timed():
+                self._pick(arrays).allreduce(arrays, op=op)
 
     def broadcast(self, arrays: list, src: int = 0) -> None:
         if self.world_size > 1:
-            self._pick(arrays).broadcast(arrays, src=src)
+            with self._timed():
+                self._pick(arrays).broadcast(arrays, src=src)
 
     def barrier(self) -> None:
         if self.world_size > 1:
-            self._pick([]).barrier()
+            with self._timed():
+                self._pick([]).barrier()
 
     def abort(self, reason: str) -> None:
         for comm in self._group.communicators():

@@ -48,6 +48,7 @@ def run_cell(spec: dict, shard_blob: bytes | None) -> dict:
     state = engine_state()
     run = None
     hooks = None
+    profiler = None
     try:
         namespace = _namespace(spec, shard_blob)
         group = _ensure_group(state, spec)
@@ -59,6 +60,7 @@ def run_cell(spec: dict, shard_blob: bytes | None) -> dict:
         namespace.update(rank=spec["rank"], world_size=spec["world_size"], device=run.device)
         hooks = _install_hooks(run, namespace)
         code = _compile(spec["body"])
+        profiler = _start_profiler(spec.get("profile"), run.device)
         exec(code, namespace)
         finish_uneven(run)  # ranks that still train get answers until every rank is done
         for strategy, params_fn in run.tracked:
@@ -68,6 +70,7 @@ def run_cell(spec: dict, shard_blob: bytes | None) -> dict:
         payload = _returns(spec, namespace)
         return {"ok": True, "steps": run.steps, "wall_s": time.time() - started,
                 "returns": cloudpickle.dumps(payload) if payload is not None else None,
+                "profile": profiler.result() if profiler is not None else None,
                 **_progress(run)}
     except StopForResize as stop:  # every rank stops at the same commit: nothing to release
         return {"ok": False, "resized": True, "error": "StopForResize", "message": str(stop),
@@ -82,10 +85,12 @@ def run_cell(spec: dict, shard_blob: bytes | None) -> dict:
                    "host": socket.gethostname(), "pid": os.getpid(),
                    # the ranks a collective error blames (missing, dead): names a stalled peer
                    "ranks": [int(r) for r in getattr(exc, "ranks", None) or []],
-                   **_progress(run)}
+                   "memory": _memory_now(), **_progress(run)}
         _shielded(_poison_group, state, exc)
         return {**failure, "wall_s": time.time() - started}
     finally:
+        if profiler is not None:
+            _shielded(profiler.stop)
         if hooks is not None or run is not None:
             _shielded(_cleanup, run, hooks)
         if run is not None and run.metrics is not None:
@@ -99,6 +104,16 @@ def _progress(run: RunContext | None) -> dict:
     return {"ended_at": time.time(),
             "last_commit": checkpoints.last_commit if checkpoints is not None else None,
             "steps_loop": checkpoints.used if checkpoints is not None else None}
+
+
+def _memory_now() -> dict | None:
+    """This rank's memory when it failed (names an out-of-memory error with figures)."""
+    try:
+        from ._memory import memory_sample
+
+        return memory_sample()
+    except Exception:
+        return None
 
 
 def _shielded(fn: Any, *args: Any) -> None:
@@ -158,8 +173,12 @@ def _new_run(spec: dict, group: Any, namespace: dict) -> RunContext:
     run.collectives = Collectives(group)
     run.bytes_at_start = run.collectives.bytes_sent
     run.join = JoinControl(run.collectives, spec.get("uneven", "join"), _shard_rows(namespace, spec))
+    from ._memory import reset_cuda_peak
+
+    reset_cuda_peak()  # the run's peak, not the process's
     run.metrics = MetricsSender(spec["metrics_address"], spec["run_id"], spec["rank"],
-                                spec.get("metrics_token", ""))
+                                spec.get("metrics_token", ""), spec.get("memory_interval_s", 1.0))
+    run.collectives.clock = run.metrics.clock
     return run
 
 
@@ -197,6 +216,12 @@ def _install_hooks(run: RunContext, namespace: dict) -> Any:
         if is_incremental_estimator(value):
             patch_partial_fit(value, run)
     return hooks
+
+
+def _start_profiler(steps: int | None, device: Any) -> Any:
+    from ._profile import start_profiler
+
+    return start_profiler(steps, device)
 
 
 def _cleanup(run: RunContext | None, hooks: Any) -> None:

@@ -6,7 +6,9 @@ flush (at the end of a cell, or when it fails) is synchronous and marked ``final
 knows it holds the complete history.
 
 Wire format (JSON): ``{"run", "rank", "rows": [[step, t, {name: value}]], "step", "warnings",
-"final"}``.  JSON rather than pickle: the kernel never unpickles what arrives on a socket.
+"final"}``, plus ``"memory": [samples]`` when the engine's memory was sampled since the last batch
+(about once a second, by the same thread: see ``_memory.py``) and ``"memory_peak"`` on the final
+batch.  JSON rather than pickle: the kernel never unpickles what arrives on a socket.
 """
 
 from __future__ import annotations
@@ -42,8 +44,12 @@ def to_number(value: Any) -> float | None:
 class MetricsSender:
     """Batch metric rows and step counts of one rank to the kernel."""
 
-    def __init__(self, address: str, run_id: str, rank: int, token: str = "") -> None:
+    def __init__(self, address: str, run_id: str, rank: int, token: str = "",
+                 memory_interval_s: float = 1.0) -> None:
         import zmq
+
+        from ._memory import MemoryTracker
+        from ._timing import StepClock
 
         self._ctx = zmq.Context.instance()
         self._socket = self._ctx.socket(zmq.PUSH)
@@ -54,6 +60,9 @@ class MetricsSender:
         self._warnings: list[str] = []
         self._warned: set[str] = set()
         self._step = 0
+        self.memory = MemoryTracker(memory_interval_s)
+        self._samples: list[dict] = []
+        self.clock = StepClock()  # collective calls and log() time, shipped with the batches
         self.latest: dict[str, float] = {}  # last value per metric, read by sync strategies
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -89,21 +98,37 @@ class MetricsSender:
 
     def _loop(self) -> None:
         while not self._stop.wait(_FLUSH_INTERVAL_S):
+            if self.memory.due():
+                sample = self.memory.take()
+                with self._lock:
+                    self._samples.append(sample)
             self._send(final=False)
 
     def _send(self, final: bool) -> None:
         with self._lock:
             rows, self._rows = self._rows, []
             warnings, self._warnings = self._warnings, []
-        if not rows and not warnings and not final and getattr(self, "_sent_step", -1) == self._step:
+            samples, self._samples = self._samples, []
+        timing = self.clock.drain()
+        if (not rows and not warnings and not samples and not timing and not final
+                and getattr(self, "_sent_step", -1) == self._step):
             return
         self._sent_step = self._step
-        self._socket.send_json({"run": self._run_id, "token": self._token, "rank": self._rank, "rows": rows,
-                                "step": self._step, "warnings": warnings, "final": final})
+        message = {"run": self._run_id, "token": self._token, "rank": self._rank, "rows": rows,
+                   "step": self._step, "warnings": warnings, "final": final}
+        if samples:
+            message["memory"] = samples
+        if timing:
+            message["timing"] = timing
+        if final and self.memory.peak:
+            message["memory_peak"] = dict(self.memory.peak)
+        self._socket.send_json(message)
 
     def close(self) -> None:
         """Stop the thread and send everything left, marked final."""
         self._stop.set()
         self._thread.join(timeout=5)
+        if self.memory.interval_s > 0:  # the run's last figures (a short run may have none yet)
+            self._samples.append(self.memory.take())
         self._send(final=True)
         self._socket.close()

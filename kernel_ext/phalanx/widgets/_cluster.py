@@ -62,6 +62,7 @@ class ClusterWidget:
         self._max = session.max_engines
         self._steps: dict[int, int] = {}
         self._running = 0
+        self._memory: dict[int, dict] = {}   # the run's latest memory sample per rank
         self._lock = threading.RLock()
         self._thread: threading.Thread | None = None
         self._syncing = False
@@ -112,14 +113,19 @@ class ClusterWidget:
             if kind == "cluster":
                 self._engines, self._max = list(event["engines"]), int(event["max_engines"])
                 self._changing = bool(event.get("busy"))
+                self._memory = {}  # fresh figures came with the engines
             elif kind == "run_started":
                 self._steps, self._running = {}, int(event["world_size"])
+            elif kind == "memory":
+                self._memory.update({int(s["rank"]): dict(s) for s in event["ranks"]})
+                if not self._throttle.ready():
+                    return
             elif kind == "progress":
                 self._steps = {int(p["rank"]): int(p["step"]) for p in event["ranks"]}
                 if not self._throttle.ready():
                     return
             elif kind == "run_ended":
-                self._running = 0
+                self._running = 0  # its last memory figures stay until the engines change
             else:
                 return
             self._render()
@@ -183,7 +189,7 @@ class ClusterWidget:
     def _render(self) -> None:
         with self._lock:
             running = bool(self._engines)
-            rows = merge_rows(self._engines, self._steps, self._running, local_memory_mb)
+            rows = merge_rows(self._engines, self._steps, self._running, local_memory_mb, self._memory)
             busy = self.busy is not None or self._changing
             self.title.value = (f"<b>cluster</b>: {len(rows)} engine(s) (limit {self._max})"
                                 if running else "<b>cluster</b>: not running")
@@ -215,6 +221,6 @@ class ClusterWidget:
         # Where no widget can be drawn (a saved notebook, a terminal): the table as text, from
         # what the widget holds (asking the cluster here could race a change in progress).
         with self._lock:
-            rows = merge_rows(self._engines, self._steps, self._running, local_memory_mb)
+            rows = merge_rows(self._engines, self._steps, self._running, local_memory_mb, self._memory)
         bundle["text/plain"] = repr(ClusterStatus(rows, self.session.cluster.launcher))
         return bundle

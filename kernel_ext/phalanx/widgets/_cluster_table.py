@@ -17,7 +17,7 @@ import html
 from typing import Any, Callable, Mapping, Sequence
 
 COLUMNS = ("rank", "host", "device", "state", "memory_mb", "step")
-HEADINGS = {"memory_mb": "memory (MB)"}
+HEADINGS = {"memory_mb": "memory (MB)", "gpu_memory": "GPU memory (alloc / reserved, peak)"}
 _STATE_COLOURS = {"idle": "#2e7d32", "busy": "#1565c0", "starting": "#8d6e00",
                   "stopping": "#8d6e00", "dead": "#c62828"}
 
@@ -30,9 +30,11 @@ def local_memory_mb(pid: int | None, host: str | None) -> float | None:
 
 
 def merge_rows(engines: Sequence[Mapping[str, Any]], steps: Mapping[int, int], running: int = 0,
-               memory: Callable[[int | None, str | None], float | None] | None = None) -> list[dict]:
+               memory: Callable[[int | None, str | None], float | None] | None = None,
+               samples: Mapping[int, Mapping[str, Any]] | None = None) -> list[dict]:
     """Engine rows with the run's steps; ranks below ``running`` (the run's world size) that
-    report ``idle`` are shown ``busy``: the cluster layer does not poll during a run."""
+    report ``idle`` are shown ``busy``: the cluster layer does not poll during a run.
+    ``samples`` (the engines' own memory reports of a run) win over what the kernel measured."""
     rows = []
     for e in engines:
         row = dict(e)
@@ -44,6 +46,10 @@ def merge_rows(engines: Sequence[Mapping[str, Any]], steps: Mapping[int, int], r
         if row.get("memory_mb") is None and memory is not None:
             row["memory_mb"] = memory(row.get("pid"), row.get("host"))
         rows.append(row)
+    if samples:
+        from ..cluster._memory import merge_samples
+
+        merge_samples(rows, dict(samples))
     return rows
 
 
@@ -57,10 +63,29 @@ def table_html(rows: Sequence[Mapping[str, Any]]) -> str:
     """
     if not rows:
         return "<i>no cluster is running: start one with the start button or <code>%cluster start</code></i>"
+    gpu = any(row.get("cuda_allocated_mb") is not None for row in rows)
+    columns = COLUMNS[:5] + ("gpu_memory",) + COLUMNS[5:] if gpu else COLUMNS
+    rows = [{**row, "gpu_memory": gpu_cell(row)} for row in rows] if gpu else rows
     head = "".join(f"<th style='text-align:left;padding:0 .8em 0 0'>{HEADINGS.get(c, c)}</th>"
-                   for c in COLUMNS)
-    body = "".join("<tr>" + "".join(_cell(c, row.get(c)) for c in COLUMNS) + "</tr>" for row in rows)
+                   for c in columns)
+    body = "".join("<tr>" + "".join(_cell(c, row.get(c)) for c in columns) + "</tr>" for row in rows)
     return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def gpu_cell(row: Mapping[str, Any]) -> str | None:
+    """``1.20 GB / 2.00 GB, 1.50 GB`` for a rank that uses CUDA, else ``None``.
+
+    Example::
+
+        >>> gpu_cell({"cuda_allocated_mb": 100.0, "cuda_reserved_mb": 128.0, "cuda_peak_mb": 110.0})
+        '100 MB / 128 MB, 110 MB'
+    """
+    if row.get("cuda_allocated_mb") is None:
+        return None
+    from ._format import fmt_mb
+
+    return (f"{fmt_mb(row['cuda_allocated_mb'])} / {fmt_mb(row.get('cuda_reserved_mb'))}, "
+            f"{fmt_mb(row.get('cuda_peak_mb'))}")
 
 
 def _cell(column: str, value: Any) -> str:

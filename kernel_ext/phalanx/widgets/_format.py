@@ -79,6 +79,58 @@ def fmt_metrics(metrics: Mapping[str, Any], limit: int = MAX_METRICS) -> str:
     return text + (f"{DOT}+{len(items) - limit} more" if len(items) > limit else "")
 
 
+def fmt_mb(mb: float | None) -> str:
+    """``512 MB`` or ``1.50 GB`` (binary units, as the engines report them); ``–`` when unknown.
+
+    Example::
+
+        >>> fmt_mb(512.0), fmt_mb(1536.0), fmt_mb(None)
+        ('512 MB', '1.50 GB', '–')
+    """
+    if mb is None:
+        return "–"
+    return f"{mb / 1024:.2f} GB" if mb >= 1024 else f"{mb:.0f} MB"
+
+
+def memory_text(sample: Mapping[str, Any] | None) -> str:
+    """One rank's memory: ``RSS 512 MB · GPU 1.20 GB / 2.00 GB (peak 1.50 GB)``.
+
+    Example::
+
+        >>> memory_text({"rss_mb": 512.0})
+        'RSS 512 MB'
+        >>> memory_text({"rss_mb": 512.0, "cuda_allocated_mb": 1228.8, "cuda_reserved_mb": 2048.0,
+        ...              "cuda_peak_mb": 1536.0})
+        'RSS 512 MB · GPU 1.20 GB / 2.00 GB reserved (peak 1.50 GB)'
+    """
+    if not sample:
+        return ""
+    parts = [f"RSS {fmt_mb(sample.get('rss_mb'))}"] if sample.get("rss_mb") is not None else []
+    if sample.get("cuda_allocated_mb") is not None:
+        parts.append(f"GPU {fmt_mb(sample['cuda_allocated_mb'])} / "
+                     f"{fmt_mb(sample.get('cuda_reserved_mb'))} reserved"
+                     + (f" (peak {fmt_mb(sample['cuda_peak_mb'])})"
+                        if sample.get("cuda_peak_mb") is not None else ""))
+    return DOT.join(parts)
+
+
+def time_text(part: Mapping[str, Any] | None) -> str:
+    """One rank's time in collectives: ``collectives 1.2 s, 75% waiting for a peer``.
+
+    Example::
+
+        >>> time_text({"collective_s": 1.2, "collective_wait_s": 0.9, "collectives": 4})
+        'collectives 1.2 s, 75% waiting for a peer'
+        >>> time_text({"collective_s": 0.0, "collective_wait_s": 0.0, "collectives": 0})
+        ''
+    """
+    if not part or not part.get("collectives"):
+        return ""
+    total = part["collective_s"]
+    share = part["collective_wait_s"] / total if total > 0 else 0.0
+    return f"collectives {total:.2g} s, {share:.0%} waiting for a peer"
+
+
 def fmt_rate(rate: float | None) -> str:
     """``12.3 steps/s``; ``–`` before a rate is known."""
     return "– steps/s" if rate is None else f"{rate:.1f} steps/s"

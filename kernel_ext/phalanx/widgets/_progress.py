@@ -15,7 +15,7 @@ from __future__ import annotations
 import html
 from typing import Any, Mapping
 
-from ._format import bar_range, rank_text
+from ._format import DOT, bar_range, memory_text, rank_text, time_text
 
 _STRAGGLER = '<span style="color:#c75000;font-weight:bold">⚠</span> '
 _FINAL_STYLE = {"done": "success", "failed": "danger", "timeout": "danger", "interrupted": "warning"}
@@ -35,6 +35,9 @@ class ProgressPanel:
         rows = [w.HBox([w.HTML(f"<code>rank {r}</code>", layout=w.Layout(width="4.5em")), bar, detail])
                 for r, (bar, detail) in enumerate(zip(self.bars, self.details))]
         self.widget = w.VBox(rows)
+        self.memory: dict[int, Mapping[str, Any]] = {}   # each rank's latest memory sample
+        self.times: dict[int, Mapping[str, Any]] = {}    # each rank's time in collectives
+        self._last: dict[int, Mapping[str, Any]] = {}     # each rank's latest progress row
 
     def update(self, ranks: list[Mapping[str, Any]]) -> None:
         """Show the ranks' latest progress (one ``progress`` event's ``ranks``)."""
@@ -48,7 +51,27 @@ class ProgressPanel:
                 bar.max = max(top, int(p["step"]), 1)
                 bar.value = int(p["step"])
                 bar.bar_style = "warning" if p.get("straggler") else "info"
-            self.details[rank].value = self._detail(p)
+            self._last[rank] = p
+            self._show(rank)
+
+    def update_memory(self, samples: list[Mapping[str, Any]]) -> None:
+        """Show the ranks' latest memory (one ``memory`` event's ``ranks``) after their progress."""
+        self._keep(self.memory, samples)
+
+    def update_times(self, parts: list[Mapping[str, Any]]) -> None:
+        """Show the ranks' time in collectives (one ``time`` event's ``ranks``)."""
+        self._keep(self.times, parts)
+
+    def _keep(self, store: dict, entries: list[Mapping[str, Any]]) -> None:
+        for entry in entries:
+            rank = int(entry["rank"])
+            if 0 <= rank < len(self.details):
+                store[rank] = entry
+                self._show(rank)
+
+    def _show(self, rank: int) -> None:
+        last = self._last.get(rank, {"rank": rank, "step": 0, "total": self.total_steps})
+        self.details[rank].value = self._detail(last, self.memory.get(rank), self.times.get(rank))
 
     def finish(self, steps: Mapping[int, int], status: str) -> None:
         """Final counts (the engines' own) and a colour for how the run ended."""
@@ -60,6 +83,8 @@ class ProgressPanel:
                 bar.bar_style = _FINAL_STYLE.get(status, "info")
 
     @staticmethod
-    def _detail(p: Mapping[str, Any]) -> str:
-        text = html.escape(rank_text(p))
+    def _detail(p: Mapping[str, Any], memory: Mapping[str, Any] | None = None,
+                times: Mapping[str, Any] | None = None) -> str:
+        extra = [t for t in (memory_text(memory), time_text(times)) if t]
+        text = html.escape(DOT.join([rank_text(p), *extra]))
         return (_STRAGGLER if p.get("straggler") else "") + f"<small>{text}</small>"

@@ -123,6 +123,12 @@ class RunView:
         if latest:
             self._ranks = list(latest[0]["ranks"])
             self.progress.update(self._ranks)
+        memory = [e for e in events if e.get("type") == "memory"][-1:]
+        if memory:
+            self.progress.update_memory(memory[0]["ranks"])
+        times = [e for e in events if e.get("type") == "time"][-1:]
+        if times:
+            self.progress.update_times(times[0]["ranks"])
         for ended in (e for e in events if e.get("type") == "run_ended"):
             self._status, self._wall = ended["status"], ended["wall_s"]
         if events or points:
