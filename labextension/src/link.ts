@@ -6,12 +6,17 @@
  * when the kernel says the target appeared (it opens a short-lived comm to us
  * on load), and as a fallback when the kernel goes idle, with backoff so an
  * unloaded kernel is not asked after every cell. A restart clears the model.
+ *
+ * The comm goes over a kernel subshell where the kernel has them, so a panel
+ * opened (or reloaded) while a cell runs attaches at once instead of waiting
+ * for the cell.
  */
 import type { Kernel, KernelMessage } from '@jupyterlab/services';
 import { IDisposable } from '@lumino/disposable';
 
 import { PhalanxModel } from './model';
 import { COMM_TARGET, PhalanxRequest, Requests, validateRequest } from './protocol';
+import { onSubshell } from './subshell';
 
 export interface IKernelLinkOptions {
   kernel: Kernel.IKernelConnection;
@@ -73,7 +78,21 @@ export class KernelLink implements IDisposable {
     this._announced = false;
     comm.onMsg = msg => this._onMessage(comm, msg);
     comm.onClose = () => this._onClosed(comm);
-    comm.open(Requests.snapshot());
+    if (!('info' in this.kernel)) {
+      comm.open(Requests.snapshot()); // a connection that cannot say (tests' fakes)
+      return;
+    }
+    void onSubshell(this.kernel, comm).then(subshell => {
+      this._onSubshell = subshell;
+      if (comm === this._comm && !comm.isDisposed && !this.kernel.isDisposed) {
+        comm.open(Requests.snapshot());
+      }
+    });
+  }
+
+  /** Whether the last comm went over a kernel subshell (null: not known yet). */
+  get onSubshell(): boolean | null {
+    return this._onSubshell;
   }
 
   /** Send a typed request; returns false when not attached. */
@@ -163,6 +182,7 @@ export class KernelLink implements IDisposable {
   };
 
   private _comm: Kernel.IComm | null = null;
+  private _onSubshell: boolean | null = null;
   private _live = false;
   private _announced = false;
   private _failures = 0;
