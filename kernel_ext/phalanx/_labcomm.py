@@ -29,6 +29,7 @@ import time
 from typing import Any, Callable, Mapping
 
 from . import events
+from ._pump import answer_where_sent
 from .events import COMM_TARGET, SchemaError, validate_event, validate_request
 
 log = logging.getLogger("phalanx")
@@ -235,10 +236,7 @@ class LabComm:
     # --- comms --------------------------------------------------------------------------------
 
     def _on_open(self, comm: Any, open_msg: Mapping[str, Any]) -> None:
-        # ipykernel routes a comm's incoming messages to the subshell that last *sent* on it;
-        # we send from timer and receiver threads (the main shell's context), which would pull
-        # the panel's requests back behind the running cell.  The panel picks its subshell.
-        comm._reply_subshell_for = lambda data, chosen: chosen
+        answer_where_sent(comm)  # the panel's requests stay on its subshell during a run
         comm.on_msg(lambda msg: self._on_msg(comm, msg))
         comm.on_close(lambda msg: self._forget(comm))
         with self._lock:

@@ -102,6 +102,8 @@ class PhalanxMagics(Magics):
     @argument("--resume", action="store_true", help="continue from the last commit")
     @argument("--max-restarts", type=int, default=0,
               help="R: restart a failing rank and resume, up to R times")
+    @argument("--background", action="store_true",
+              help="return at once with a run handle (run.wait(), run.stop(), run.status)")
     @line_cell_magic
     def distributed_fit(self, line: str, cell: str | None = None) -> Any:
         """Run the cell's training loop on every engine, data-parallel."""
@@ -117,18 +119,33 @@ class PhalanxMagics(Magics):
                                     checkpoint_every=args.checkpoint_every,
                                     checkpoint_dir=args.checkpoint_dir, resume=args.resume,
                                     max_restarts=args.max_restarts)
-            from .widgets import RunDisplay  # bokeh and ipywidgets: loaded on the first run, not at %load_ext
+            if args.background:
+                from ._background import report_end, run_in_background
 
-            shown = RunDisplay(self.session, self.shell, widget=opts.widget)
-            try:
-                self.session.distributed_fit(cell, opts, self.shell.user_ns, on_start=shown.start)
-            finally:  # a failed or interrupted run keeps its summary too
-                summary = shown.finish()
-                if summary is not None:
-                    _display(summary, metadata=summary.metadata)  # {"phalanx": {"manifest": ...}}
+                return run_in_background(self.session, lambda started: self._fit(cell, opts, started),
+                                         opts.returns, self.shell.user_ns,
+                                         lambda handle: report_end(self.shell, handle))
+            self._fit(cell, opts)
         except _USER_ERRORS as exc:
             raise UsageError(str(exc)) from None
         return None
+
+    def _fit(self, cell: str, opts: FitOptions, started: Any = None) -> Any:
+        from .widgets import RunDisplay  # bokeh and ipywidgets: loaded on the first run, not at %load_ext
+
+        shown = RunDisplay(self.session, self.shell, widget=opts.widget)
+
+        def on_start(tracker: Any, name: str) -> None:
+            shown.start(tracker, name)
+            if started is not None:
+                started(tracker, name)
+
+        try:
+            return self.session.distributed_fit(cell, opts, self.shell.user_ns, on_start=on_start)
+        finally:  # a failed or interrupted run keeps its summary too
+            summary = shown.finish()
+            if summary is not None:
+                _display(summary, metadata=summary.metadata)  # {"phalanx": {"manifest": ...}}
 
     def _fit_network(self, args: Any) -> Any:
         if args.target is None:

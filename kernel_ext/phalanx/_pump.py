@@ -28,6 +28,21 @@ COMM_TYPES = ("comm_open", "comm_msg", "comm_close")
 MAX_PER_CALL = 50  # a burst of widget messages must not starve the wait loop's own work
 
 
+def answer_where_sent(comm: Any) -> None:
+    """Let the frontend pick the subshell that handles ``comm``'s messages.
+
+    ipykernel 7 routes a comm's incoming messages to the subshell that last *sent* on it.  Our
+    views send from timer and receiver threads, which count as the main shell, so a click
+    would wait behind the running cell although the frontend sent it on a subshell.
+
+    Example::
+
+        answer_where_sent(button.comm)   # its clicks are handled during a run
+    """
+    if comm is not None:
+        comm._reply_subshell_for = lambda data, chosen: chosen
+
+
 def has_subshells(kernel: Any) -> bool:
     """Whether ``kernel`` runs comm messages on subshell threads (JEP 91)."""
     return bool(getattr(kernel, "_supports_kernel_subshells", False))

@@ -16,7 +16,7 @@ import { IDisposable } from '@lumino/disposable';
 
 import { PhalanxModel } from './model';
 import { COMM_TARGET, PhalanxRequest, Requests, validateRequest } from './protocol';
-import { onSubshell } from './subshell';
+import { PanelSubshell } from './subshell';
 
 export interface IKernelLinkOptions {
   kernel: Kernel.IKernelConnection;
@@ -41,6 +41,9 @@ export class KernelLink implements IDisposable {
   constructor(options: IKernelLinkOptions) {
     this.kernel = options.kernel;
     this.model = options.model;
+    // Connections that cannot say whether the kernel has subshells (tests' fakes) use the
+    // main shell.
+    this._subshell = 'sendControlMessage' in this.kernel ? new PanelSubshell(this.kernel) : null;
     this._now = options.now ?? Date.now;
     this.kernel.registerCommTarget(COMM_TARGET, this._onAnnounce);
     this.kernel.statusChanged.connect(this._onStatus, this);
@@ -78,21 +81,29 @@ export class KernelLink implements IDisposable {
     this._announced = false;
     comm.onMsg = msg => this._onMessage(comm, msg);
     comm.onClose = () => this._onClosed(comm);
-    if (!('info' in this.kernel)) {
-      comm.open(Requests.snapshot()); // a connection that cannot say (tests' fakes)
+    this._subshellId = null;
+    const subshell = this._subshell;
+    if (!subshell) {
+      comm.open(Requests.snapshot());
       return;
     }
-    void onSubshell(this.kernel, comm).then(subshell => {
-      this._onSubshell = subshell;
-      if (comm === this._comm && !comm.isDisposed && !this.kernel.isDisposed) {
+    void subshell.id().then(id => {
+      if (comm !== this._comm || comm.isDisposed || this.kernel.isDisposed) {
+        return;
+      }
+      this._subshellId = id;
+      if (id) {
+        const content = { comm_id: comm.commId, target_name: COMM_TARGET };
+        subshell.send(id, 'comm_open', { ...content, data: Requests.snapshot() });
+      } else {
         comm.open(Requests.snapshot());
       }
     });
   }
 
-  /** Whether the last comm went over a kernel subshell (null: not known yet). */
-  get onSubshell(): boolean | null {
-    return this._onSubshell;
+  /** The subshell the comm speaks on (null: the main shell, or not known yet). */
+  get subshellId(): string | null {
+    return this._subshellId;
   }
 
   /** Send a typed request; returns false when not attached. */
@@ -100,7 +111,12 @@ export class KernelLink implements IDisposable {
     if (!this.attached || !this._comm) {
       return false;
     }
-    this._comm.send(validateRequest(request));
+    const data = validateRequest(request);
+    if (this._subshell && this._subshellId) {
+      this._subshell.send(this._subshellId, 'comm_msg', { comm_id: this._comm.commId, data });
+    } else {
+      this._comm.send(data);
+    }
     return true;
   }
 
@@ -111,6 +127,7 @@ export class KernelLink implements IDisposable {
     this._disposed = true;
     this.kernel.removeCommTarget(COMM_TARGET, this._onAnnounce);
     this.kernel.statusChanged.disconnect(this._onStatus, this);
+    this._subshell?.dispose();
     const comm = this._comm;
     this._comm = null;
     if (comm && !comm.isDisposed && !this.kernel.isDisposed) {
@@ -164,6 +181,7 @@ export class KernelLink implements IDisposable {
   }
 
   private _drop(): void {
+    this._subshell?.reset(); // a restarted kernel has none of its subshells
     const comm = this._comm;
     this._comm = null;
     this._live = false;
@@ -182,7 +200,8 @@ export class KernelLink implements IDisposable {
   };
 
   private _comm: Kernel.IComm | null = null;
-  private _onSubshell: boolean | null = null;
+  private _subshell: PanelSubshell | null;
+  private _subshellId: string | null = null;
   private _live = false;
   private _announced = false;
   private _failures = 0;

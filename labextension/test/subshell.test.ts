@@ -1,69 +1,84 @@
 import { describe, expect, it } from 'vitest';
 
-import type { Kernel } from '@jupyterlab/services';
+import type { Kernel, KernelMessage } from '@jupyterlab/services';
 
-import { onSubshell } from '../src/subshell';
+import { PanelSubshell } from '../src/subshell';
 
-/** The parts of a kernel connection and a comm that onSubshell reads. */
-function fakes(options: {
-  info?: Promise<unknown>;
-  supports?: boolean;
-  mode?: string;
-  started?: Promise<void>;
-}): { kernel: Kernel.IKernelConnection; comm: Kernel.IComm & { commsOverSubshells?: string } } {
-  const kernel = {
-    info: options.info,
-    supportsSubshells: options.supports ?? false
-  } as unknown as Kernel.IKernelConnection;
-  const comm = {
-    commsOverSubshells: options.mode,
-    subshellStarted: options.started
-  } as unknown as Kernel.IComm & { commsOverSubshells?: string };
-  return { kernel, comm };
+/** A connection that answers control requests as the kernel would (or never). */
+class FakeKernel {
+  constructor(
+    private readonly _features: string[] | null,
+    private readonly _answers = true
+  ) {}
+  clientId = 'client';
+  username = 'me';
+  isDisposed = false;
+  control: KernelMessage.IMessage[] = [];
+  shell: KernelMessage.IMessage[] = [];
+  sendControlMessage(msg: KernelMessage.IMessage) {
+    this.control.push(msg);
+    const type = msg.header.msg_type;
+    let content: Record<string, unknown> = { status: 'ok' };
+    if (type === 'kernel_info_request') {
+      content = { status: 'ok', supported_features: this._features ?? [] };
+    } else if (type === 'create_subshell_request') {
+      content = { status: 'ok', subshell_id: `sub-${this.control.length}` };
+    }
+    const done = this._answers ? Promise.resolve({ content }) : new Promise(() => undefined);
+    return { done };
+  }
+  sendShellMessage(msg: KernelMessage.IMessage) {
+    this.shell.push(msg);
+  }
+  get asKernel(): Kernel.IKernelConnection {
+    return this as unknown as Kernel.IKernelConnection;
+  }
 }
 
-describe('onSubshell', () => {
-  it('says no subshell when the kernel has none', async () => {
-    const { kernel, comm } = fakes({ info: Promise.resolve({}), supports: false });
-    expect(await onSubshell(kernel, comm)).toBe(false);
+describe('PanelSubshell', () => {
+  it('asks on the control channel and creates one subshell per kernel process', async () => {
+    const kernel = new FakeKernel(['kernel subshells']);
+    const subshell = new PanelSubshell(kernel.asKernel);
+    expect(await subshell.id()).toBe('sub-2');
+    expect(await subshell.id()).toBe('sub-2'); // reused by every later attempt
+    expect(kernel.control.map(m => m.header.msg_type)).toEqual([
+      'kernel_info_request',
+      'create_subshell_request'
+    ]);
+    subshell.reset(); // the kernel restarted
+    expect(await subshell.id()).toBe('sub-4');
   });
 
-  it('waits for the comm subshell when the kernel has them', async () => {
-    let started!: () => void;
-    const { kernel, comm } = fakes({
-      info: Promise.resolve({}),
-      supports: true,
-      mode: 'perCommTarget',
-      started: new Promise<void>(resolve => (started = resolve))
-    });
-    const result = onSubshell(kernel, comm, 1000);
-    setTimeout(() => started(), 10);
-    expect(await result).toBe(true);
+  it('sends comm messages with the subshell in the header', async () => {
+    const kernel = new FakeKernel(['kernel subshells']);
+    const subshell = new PanelSubshell(kernel.asKernel);
+    subshell.send('sub-2', 'comm_msg', { comm_id: 'c', data: { v: 1, type: 'stop_run' } });
+    const sent = kernel.shell[0];
+    expect(sent.channel).toBe('shell');
+    expect(sent.header.msg_type).toBe('comm_msg');
+    expect((sent.header as unknown as { subshell_id: string }).subshell_id).toBe('sub-2');
+    expect(sent.content).toEqual({ comm_id: 'c', data: { v: 1, type: 'stop_run' } });
   });
 
-  it('asks for a subshell where comms over subshells were turned off', async () => {
-    const { kernel, comm } = fakes({
-      info: Promise.resolve({}),
-      supports: true,
-      mode: 'disabled',
-      started: Promise.resolve()
-    });
-    expect(await onSubshell(kernel, comm)).toBe(true);
-    expect(comm.commsOverSubshells).toBe('perCommTarget');
+  it('has none where the kernel offers no subshells', async () => {
+    const kernel = new FakeKernel([]);
+    expect(await new PanelSubshell(kernel.asKernel).id()).toBeNull();
+    expect(kernel.control).toHaveLength(1); // nothing created
   });
 
-  it('opens anyway when the kernel does not answer in time', async () => {
-    const { kernel, comm } = fakes({ info: new Promise(() => undefined), supports: true });
-    expect(await onSubshell(kernel, comm, 20)).toBe(false);
+  it('uses the main shell when the control channel does not answer in time', async () => {
+    const kernel = new FakeKernel(['kernel subshells'], false);
+    expect(await new PanelSubshell(kernel.asKernel, 20).id()).toBeNull();
   });
 
-  it('opens anyway when the subshell does not start in time', async () => {
-    const { kernel, comm } = fakes({
-      info: Promise.resolve({}),
-      supports: true,
-      mode: 'perCommTarget',
-      started: new Promise<void>(() => undefined)
-    });
-    expect(await onSubshell(kernel, comm, 20)).toBe(false);
+  it('deletes its subshell when the panel goes away', async () => {
+    const kernel = new FakeKernel(['kernel subshells']);
+    const subshell = new PanelSubshell(kernel.asKernel);
+    await subshell.id();
+    subshell.dispose();
+    await new Promise(resolve => setTimeout(resolve, 0));
+    const last = kernel.control[kernel.control.length - 1];
+    expect(last.header.msg_type).toBe('delete_subshell_request');
+    expect(last.content).toEqual({ subshell_id: 'sub-2' });
   });
 });
