@@ -65,7 +65,7 @@ CLUSTER_TIMEOUT_MS = 180_000
 # The target is 2 s (measured and printed); the assertion leaves room for a machine shared by many
 # test runs, while still failing when the panel waits behind the cell (the run's length).
 ATTACH_S = 5.0
-STOP_S = 5.0
+STOP_S = 15.0
 RELOAD_AT = 100  # steps
 
 
@@ -190,8 +190,9 @@ def _queued_scale_and_stop(page, panel) -> None:
     screenshot(page, "phalanx-live-queued.png")
     _stop_from_panel(page, panel)
     outputs = _cell_outputs(page, FIXED)
-    errors = [o for o in outputs if o.get("output_type") == "error"]
-    assert errors and "fixed-run was stopped (Stop in the phalanx panel)" in errors[0]["evalue"]
+    said = "".join("".join(o.get("text", "")) for o in outputs if o.get("output_type") == "stream")
+    assert "fixed-run was stopped (Stop in the phalanx panel)" in said, outputs
+    assert not [o for o in outputs if o.get("output_type") == "error"]  # next cells not aborted
     _engine_rows(panel).nth(2).wait_for(state="detached", timeout=CLUSTER_TIMEOUT_MS)
     assert _engine_rows(panel).count() == 2
     assert notice.inner_text() == ""

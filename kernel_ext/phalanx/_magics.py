@@ -6,6 +6,7 @@ method that works the same from Python.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -15,7 +16,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from ._session import session_for_shell
 from .cluster import ClusterError, GpuSpecError
 from .fit import FitOptions, FitUsageError, ShippingError
-from .fit._errors import VersionSkewError
+from .fit._errors import DistributedFitError, VersionSkewError
 
 CLUSTER_ACTIONS = ("start", "scale", "stop", "status", "restart")
 
@@ -126,6 +127,12 @@ class PhalanxMagics(Magics):
                                          opts.returns, self.shell.user_ns,
                                          lambda handle: report_end(self.shell, handle))
             self._fit(cell, opts)
+        except DistributedFitError as exc:
+            if not (exc.status == "interrupted" and self.session.fits.control.stopped_by):
+                raise
+            # Stopped on request (Stop run): said in the cell, but not a failed cell, which
+            # would make Jupyter abort the next cell the person runs right after.
+            print(f"phalanx: {exc.args[0]}", file=sys.stderr)
         except _USER_ERRORS as exc:
             raise UsageError(str(exc)) from None
         return None
