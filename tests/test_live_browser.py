@@ -189,6 +189,10 @@ def _queued_scale_and_stop(page, panel) -> None:
     assert _engine_rows(panel).count() == 3  # nothing changed under the run
     screenshot(page, "phalanx-live-queued.png")
     _stop_from_panel(page, panel)
+    page.wait_for_function(  # the cell's own words, on stderr, right after the run ended
+        """i => JSON.stringify(window.jupyterapp.shell.currentWidget.content.widgets[i]
+                              .model.outputs.toJSON()).includes('was stopped')""",
+        arg=FIXED, timeout=30_000)
     outputs = _cell_outputs(page, FIXED)
     said = "".join("".join(o.get("text", "")) for o in outputs if o.get("output_type") == "stream")
     assert "fixed-run was stopped (Stop in the phalanx panel)" in said, outputs
