@@ -69,8 +69,10 @@ class FakeSession:
         self.scaled: list[int] = []
         self.stopped = 0
         self.rows: list[dict] = []
+        self.stop_reasons: list[str] = []
+        self.running = True
 
-    def scale(self, n):
+    def scale(self, n, queue=False):
         if n == 3 and self.max_engines == 99:
             raise RuntimeError("engine 2 did not start")
         self.scaled.append(n)
@@ -78,6 +80,10 @@ class FakeSession:
 
     def stop_cluster(self):
         self.stopped += 1
+
+    def stop_run(self, reason):
+        self.stop_reasons.append(reason)
+        return self.running
 
     def run_history_rows(self):
         return self.rows
@@ -404,3 +410,30 @@ def test_the_panel_and_the_kernel_agree_on_the_schema():
     for request in shared["invalid_requests"]:
         with pytest.raises(SchemaError):
             validate_request(request)
+
+
+def test_stop_run_reaches_the_session_and_no_run_is_said(rig):
+    session, manager, fake_time, *_ = rig
+    comm = manager.open()
+    comm.request({"v": 1, "type": "stop_run"})
+    assert session.stop_reasons == ["Stop in the phalanx panel"]
+    session.running = False
+    comm.request({"v": 1, "type": "stop_run"})
+    assert comm.sent[-1]["type"] == "cluster" and comm.sent[-1]["error"] == "no run is going"
+
+
+def test_scale_from_the_panel_may_wait_for_the_run(rig, monkeypatch):
+    session, manager, *_ = rig
+    asked = []
+    monkeypatch.setattr(session, "scale", lambda n, queue=False: asked.append((n, queue)))
+    manager.open().request({"v": 1, "type": "scale", "n": 2})
+    assert asked == [(2, True)]  # queued (or resized at a commit) while a run goes, never lost
+
+
+def test_the_panel_picks_the_subshell_its_requests_run_on(rig):
+    """ipykernel would route a comm's requests to where it last sent from (a timer thread:
+    the main shell, behind the running cell); the panel's own choice must win."""
+    _, manager, *_ = rig
+    comm = manager.open()
+    assert comm._reply_subshell_for({"v": 1, "type": "stop_run"}, "subshell-1") == "subshell-1"
+    assert comm._reply_subshell_for({}, None) is None

@@ -30,7 +30,7 @@ __version__ = "0.1.0"
 __all__ = ["log", "allreduce", "broadcast", "barrier", "wrap", "no_sync", "bytes_sent", "steps",
            "latest_metrics", "SyncStrategy", "param_values", "param_grads", "Communicator",
            "last_run", "manifest",
-           "cluster_widget", "data_parallel", "get_session", "load_ipython_extension",
+           "cluster_widget", "data_parallel", "get_session", "runs", "load_ipython_extension",
            "unload_ipython_extension"]
 
 
@@ -52,6 +52,13 @@ def get_session() -> Any:
 def last_run() -> Any:
     """The last ``%%distributed_fit`` run: status, wall time, per-rank steps, history, manifest."""
     return get_session().last_run()
+
+
+def runs() -> list:
+    """The background runs of this kernel (``%%distributed_fit --background``), oldest first."""
+    from ._background import runs_of
+
+    return list(runs_of(get_session()))
 
 
 def manifest() -> Any:

@@ -1,10 +1,16 @@
 """The kernel end of the JupyterLab panel: a ``phalanx`` comm target fed from the event bus.
 
 The panel opens a comm to target :data:`~phalanx.events.COMM_TARGET` and sends only typed
-requests (``request_snapshot``, ``scale``, ``stop``); it never sends code.  This module answers
-them and forwards every bus event to every open panel comm, throttled to about ten messages a
+requests (``request_snapshot``, ``scale``, ``stop``, ``stop_run``); it never sends code.  This
+module answers them and forwards every bus event to every open panel comm, throttled to about ten messages a
 second: ``cluster``/``progress``/``network`` states are coalesced (only the latest matters),
 metric rows are batched (never dropped: the panel draws the whole history).
+
+The panel talks over a kernel subshell where the kernel has them, so its requests are answered
+on that subshell's thread while a cell runs: everything here holds ``self._lock``, and the
+session verbs it calls either only set a flag for the running run (stop, resize) or take the
+session's own lock.  Where the kernel has no subshells, the run's wait loop serves the comm
+messages itself (:mod:`._pump`).
 
 Example::
 
@@ -23,6 +29,7 @@ import time
 from typing import Any, Callable, Mapping
 
 from . import events
+from ._pump import answer_where_sent
 from .events import COMM_TARGET, SchemaError, validate_event, validate_request
 
 log = logging.getLogger("phalanx")
@@ -183,7 +190,17 @@ class LabComm:
         self._create_comm = self._create_comm or comm.create_comm
         manager.register_target(COMM_TARGET, self._on_open)
         self._unsubscribe = self._session.events.subscribe(self._on_event)
+        self._install_pump()
         self._announce()
+
+    def _install_pump(self) -> None:
+        from ._pump import shell_pump
+
+        kernel = getattr(getattr(self._session, "shell", None), "kernel", None)
+        control = getattr(getattr(self._session, "fits", None), "control", None)
+        pump = shell_pump(kernel)
+        if pump is not None and control is not None:
+            control.message_pump = pump
 
     def close(self) -> None:
         """Unregister, close every panel comm and stop the timer (``%unload_ext``)."""
@@ -219,6 +236,7 @@ class LabComm:
     # --- comms --------------------------------------------------------------------------------
 
     def _on_open(self, comm: Any, open_msg: Mapping[str, Any]) -> None:
+        answer_where_sent(comm)  # the panel's requests stay on its subshell during a run
         comm.on_msg(lambda msg: self._on_msg(comm, msg))
         comm.on_close(lambda msg: self._forget(comm))
         with self._lock:
@@ -325,6 +343,9 @@ class LabComm:
                 self._scale(comm, request["n"])
             elif kind == "stop":
                 self._session.stop_cluster()
+            elif kind == "stop_run":
+                if not self._session.stop_run("Stop in the phalanx panel"):
+                    self._send(comm, self._cluster_error("no run is going"))
         except Exception as exc:  # the kernel keeps working; the panel shows why
             log.exception("phalanx: lab panel request %r failed", kind)
             self._send(comm, self._cluster_error(f"{kind} failed: {exc}"))
@@ -336,7 +357,7 @@ class LabComm:
             log.warning("phalanx: %s (request from the lab panel)", message)
             self._send(comm, self._cluster_error(message))
             return
-        self._session.scale(n)
+        self._session.scale(n, queue=True)  # during a run: resized at a commit, or after it
 
     def _cluster_error(self, message: str) -> dict:
         latest = [e for e in self._session.events.snapshot() if e.get("type") == "cluster"]

@@ -6,6 +6,7 @@ method that works the same from Python.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -15,7 +16,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from ._session import session_for_shell
 from .cluster import ClusterError, GpuSpecError, LaunchOptions
 from .fit import FitOptions, FitUsageError, ShippingError
-from .fit._errors import VersionSkewError
+from .fit._errors import DistributedFitError, VersionSkewError
 
 CLUSTER_ACTIONS = ("start", "scale", "stop", "status", "restart")
 
@@ -122,6 +123,8 @@ class PhalanxMagics(Magics):
     @argument("--profile", nargs="?", type=int, const=5, default=None, metavar="STEPS",
               help="record STEPS optimizer steps (default 5) on every rank with torch.profiler "
                    "into one trace file next to the notebook")
+    @argument("--background", action="store_true",
+              help="return at once with a run handle (run.wait(), run.stop(), run.status)")
     @line_cell_magic
     def distributed_fit(self, line: str, cell: str | None = None) -> Any:
         """Run the cell's training loop on every engine, data-parallel."""
@@ -138,20 +141,42 @@ class PhalanxMagics(Magics):
                                     checkpoint_dir=args.checkpoint_dir, resume=args.resume,
                                     max_restarts=args.max_restarts, uneven=args.uneven,
                                     keep_history=args.keep_history, profile=args.profile)
-            from .widgets import RunDisplay  # bokeh and ipywidgets: loaded on the first run, not at %load_ext
+            if args.background:
+                from ._background import report_end, run_in_background
 
-            shown = RunDisplay(self.session, self.shell, widget=opts.widget)
-            try:
-                record = self.session.distributed_fit(cell, opts, self.shell.user_ns, on_start=shown.start)
-            finally:  # a failed or interrupted run keeps its summary too
-                summary = shown.finish()
-                if summary is not None:
-                    _display(summary, metadata=summary.metadata)  # {"phalanx": {"manifest": ...}}
-            if record.profile is not None:
-                _display(record.profile)
+                return run_in_background(self.session, lambda started: self._fit(cell, opts, started),
+                                         opts.returns, self.shell.user_ns,
+                                         lambda handle: report_end(self.shell, handle))
+            self._fit(cell, opts)
+        except DistributedFitError as exc:
+            if not (exc.status == "interrupted" and self.session.fits.control.stopped_by):
+                raise
+            # Stopped on request (Stop run): said in the cell, but not a failed cell, which
+            # would make Jupyter abort the next cell the person runs right after.
+            print(f"phalanx: {exc.args[0]}", file=sys.stderr)
         except _USER_ERRORS as exc:
             raise UsageError(str(exc)) from None
         return None
+
+    def _fit(self, cell: str, opts: FitOptions, started: Any = None) -> Any:
+        from .widgets import RunDisplay  # bokeh and ipywidgets: loaded on the first run, not at %load_ext
+
+        shown = RunDisplay(self.session, self.shell, widget=opts.widget)
+
+        def on_start(tracker: Any, name: str) -> None:
+            shown.start(tracker, name)
+            if started is not None:
+                started(tracker, name)
+
+        try:
+            record = self.session.distributed_fit(cell, opts, self.shell.user_ns, on_start=on_start)
+        finally:  # a failed or interrupted run keeps its summary too
+            summary = shown.finish()
+            if summary is not None:
+                _display(summary, metadata=summary.metadata)  # {"phalanx": {"manifest": ...}}
+        if record.profile is not None:
+            _display(record.profile)
+        return record
 
     def _fit_network(self, args: Any) -> Any:
         if args.target is None:

@@ -15,9 +15,11 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import functools
 import html
 import logging
-from typing import Any, Iterator
+import threading
+from typing import Any, Callable, Iterator
 
 from . import events
 from ._bus import EventBus
@@ -66,10 +68,21 @@ class ClusterStatus:
                 f"<table><tr>{head}</tr>{body}</table></div>")
 
 
+def _serialised(verb: Callable) -> Callable:
+    """The panel calls verbs from a subshell thread while cells call them from the main one:
+    one verb at a time, and a run counts as started once it is the active run."""
+    @functools.wraps(verb)
+    def wrapper(self: "Session", *args: Any, **kwargs: Any) -> Any:
+        with self._verbs:
+            return verb(self, *args, **kwargs)
+    return wrapper
+
+
 class Session:
     """The kernel's phalanx state: cluster, runs, networks and the event bus."""
 
     def __init__(self, shell: Any = None, device_lister: Any = visible_gpus) -> None:
+        self._verbs = threading.RLock()
         self.shell = shell
         self.events = EventBus()
         self.cluster = ClusterManager(on_change=self._cluster_changed, device_lister=device_lister)
@@ -81,6 +94,7 @@ class Session:
     def max_engines(self) -> int:
         return self.cluster.max_engines
 
+    @_serialised
     def start_cluster(self, n: int | None = None, gpus: str = "auto", launcher: str = "local",
                       profile: str | None = None, timeout: float = 60.0,
                       options: LaunchOptions | None = None) -> ClusterStatus:
@@ -90,24 +104,33 @@ class Session:
                                options=options)
         return self.status()
 
-    def scale(self, n: int) -> ClusterStatus:
+    @_serialised
+    def scale(self, n: int, queue: bool = False) -> ClusterStatus:
         """Grow or shrink to ``n`` engines (``%cluster scale N``).
 
         While a run with ``--checkpoint-every`` goes, the run itself changes size at its next
-        commit (elastic scaling) and continues; other runs refuse.
+        commit (elastic scaling) and continues; other runs refuse, or with ``queue`` (the
+        panel's +/-) the cluster is scaled when the run is over.
         """
         if self.fits.active is not None:
             try:
-                self.fits.request_resize(n)
+                try:
+                    self.fits.request_resize(n)
+                except FitUsageError:
+                    if not queue:
+                        raise
+                    self.fits.queue_resize(n)
             except FitUsageError as exc:
                 raise ClusterError(f"cannot scale the cluster while run {self.fits.active_name!r} "
                                    f"is going: {exc}") from None
+            self._cluster_changed()  # the views show what waits
             return self.status()
         self._stop_dask()
         with self._changing():
             self.cluster.scale(n)
         return self.status()
 
+    @_serialised
     def restart(self, rank: int | None = None) -> ClusterStatus:
         """Restart one rank or every engine (``%cluster restart [RANK]``)."""
         self._refuse_during_run("restart engines")
@@ -116,6 +139,7 @@ class Session:
             self.cluster.restart(rank)
         return self.status()
 
+    @_serialised
     def stop_cluster(self) -> bool:
         """Stop the cluster; False when none was running."""
         self._refuse_during_run("stop the cluster")
@@ -152,6 +176,13 @@ class Session:
             widget = widgets_available(self.shell)
         return ClusterWidget(self) if widget else self.status()
 
+    def stop_run(self, reason: str = "stop requested") -> bool:
+        """Stop the running run at its next poll (any thread); False when none runs."""
+        if self.fits.active is None:
+            return False
+        self.fits.control.request_stop(reason)
+        return True
+
     def _refuse_during_run(self, what: str) -> None:
         if self.fits.active is not None:
             raise ClusterError(f"cannot {what} while run {self.fits.active_name!r} is going; "
@@ -177,7 +208,8 @@ class Session:
                              "state": slot.state, "memory_mb": memory_mb(slot.pid, slot.host),
                              "step": None})
         self.events.emit(events.cluster_state(rows, self.max_engines, busy=busy,
-                                              launcher=self.cluster.launcher))
+                                              launcher=self.cluster.launcher,
+                                              notice=self.fits.pending_notice()))
 
     # --- runs ---------------------------------------------------------------------------------
 
@@ -186,9 +218,23 @@ class Session:
         """Run a training cell on every engine (``%%distributed_fit``)."""
         from .fit._reproduce import cell_hash, warn_if_world_differs
 
-        if self.cluster.running:
-            warn_if_world_differs(body, user_ns, opts.n or self.cluster.size)
-        record = self.fits.run(body, opts, user_ns, on_start=on_start)
+        self._verbs.acquire()  # held until the run is the active one (or failed to start)
+        held = [True]
+
+        def started(*args: Any) -> None:
+            if held[0]:
+                held[0] = False
+                self._verbs.release()
+            if on_start is not None:
+                on_start(*args)
+
+        try:
+            if self.cluster.running:
+                warn_if_world_differs(body, user_ns, opts.n or self.cluster.size)
+            record = self.fits.run(body, opts, user_ns, on_start=started)
+        finally:
+            if held[0]:
+                self._verbs.release()
         record.manifest["cell"] = cell_hash(body)
         return record
 

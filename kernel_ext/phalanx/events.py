@@ -115,6 +115,8 @@ def _check_cluster(m: Mapping[str, Any]) -> None:
     _need(m, "busy", bool, "cluster")
     if m.get("error") is not None:
         _need(m, "error", str, "cluster")
+    if m.get("notice") is not None:
+        _need(m, "notice", str, "cluster")
 
 
 def _check_run_started(m: Mapping[str, Any]) -> None:
@@ -209,6 +211,7 @@ _REQUEST_CHECKS = {
     "request_snapshot": _no_fields,
     "scale": _check_scale,
     "stop": _no_fields,
+    "stop_run": _no_fields,
 }
 
 
@@ -255,10 +258,12 @@ def _event(type_: str, **fields: Any) -> dict:
 
 
 def cluster_state(engines: Iterable[Mapping[str, Any]], max_engines: int, busy: bool = False,
-                  error: str | None = None, launcher: str = "local") -> dict:
-    """Engines of the cluster: ``[{rank, engine_id, host, pid, device, state, memory_mb, step}]``."""
+                  error: str | None = None, launcher: str = "local",
+                  notice: str | None = None) -> dict:
+    """Engines of the cluster: ``[{rank, engine_id, host, pid, device, state, memory_mb, step}]``
+    (``notice``: a change asked for that waits for the run, e.g. "scale to 3 after run-4")."""
     return _event("cluster", engines=[dict(e) for e in engines], max_engines=max_engines,
-                  busy=busy, error=error, launcher=launcher)
+                  busy=busy, error=error, launcher=launcher, notice=notice)
 
 
 def run_started(run: str, world_size: int, total_steps: int | None, strategy: str,

@@ -6,12 +6,17 @@
  * when the kernel says the target appeared (it opens a short-lived comm to us
  * on load), and as a fallback when the kernel goes idle, with backoff so an
  * unloaded kernel is not asked after every cell. A restart clears the model.
+ *
+ * The comm goes over a kernel subshell where the kernel has them, so a panel
+ * opened (or reloaded) while a cell runs attaches at once instead of waiting
+ * for the cell.
  */
 import type { Kernel, KernelMessage } from '@jupyterlab/services';
 import { IDisposable } from '@lumino/disposable';
 
 import { PhalanxModel } from './model';
 import { COMM_TARGET, PhalanxRequest, Requests, validateRequest } from './protocol';
+import { PanelSubshell } from './subshell';
 
 export interface IKernelLinkOptions {
   kernel: Kernel.IKernelConnection;
@@ -36,6 +41,9 @@ export class KernelLink implements IDisposable {
   constructor(options: IKernelLinkOptions) {
     this.kernel = options.kernel;
     this.model = options.model;
+    // Connections that cannot say whether the kernel has subshells (tests' fakes) use the
+    // main shell.
+    this._subshell = 'sendControlMessage' in this.kernel ? new PanelSubshell(this.kernel) : null;
     this._now = options.now ?? Date.now;
     this.kernel.registerCommTarget(COMM_TARGET, this._onAnnounce);
     this.kernel.statusChanged.connect(this._onStatus, this);
@@ -73,7 +81,29 @@ export class KernelLink implements IDisposable {
     this._announced = false;
     comm.onMsg = msg => this._onMessage(comm, msg);
     comm.onClose = () => this._onClosed(comm);
-    comm.open(Requests.snapshot());
+    this._subshellId = null;
+    const subshell = this._subshell;
+    if (!subshell) {
+      comm.open(Requests.snapshot());
+      return;
+    }
+    void subshell.id().then(id => {
+      if (comm !== this._comm || comm.isDisposed || this.kernel.isDisposed) {
+        return;
+      }
+      this._subshellId = id;
+      if (id) {
+        const content = { comm_id: comm.commId, target_name: COMM_TARGET };
+        subshell.send(id, 'comm_open', { ...content, data: Requests.snapshot() });
+      } else {
+        comm.open(Requests.snapshot());
+      }
+    });
+  }
+
+  /** The subshell the comm speaks on (null: the main shell, or not known yet). */
+  get subshellId(): string | null {
+    return this._subshellId;
   }
 
   /** Send a typed request; returns false when not attached. */
@@ -81,7 +111,12 @@ export class KernelLink implements IDisposable {
     if (!this.attached || !this._comm) {
       return false;
     }
-    this._comm.send(validateRequest(request));
+    const data = validateRequest(request);
+    if (this._subshell && this._subshellId) {
+      this._subshell.send(this._subshellId, 'comm_msg', { comm_id: this._comm.commId, data });
+    } else {
+      this._comm.send(data);
+    }
     return true;
   }
 
@@ -92,6 +127,7 @@ export class KernelLink implements IDisposable {
     this._disposed = true;
     this.kernel.removeCommTarget(COMM_TARGET, this._onAnnounce);
     this.kernel.statusChanged.disconnect(this._onStatus, this);
+    this._subshell?.dispose();
     const comm = this._comm;
     this._comm = null;
     if (comm && !comm.isDisposed && !this.kernel.isDisposed) {
@@ -145,6 +181,7 @@ export class KernelLink implements IDisposable {
   }
 
   private _drop(): void {
+    this._subshell?.reset(); // a restarted kernel has none of its subshells
     const comm = this._comm;
     this._comm = null;
     this._live = false;
@@ -163,6 +200,8 @@ export class KernelLink implements IDisposable {
   };
 
   private _comm: Kernel.IComm | null = null;
+  private _subshell: PanelSubshell | null;
+  private _subshellId: string | null = null;
   private _live = false;
   private _announced = false;
   private _failures = 0;

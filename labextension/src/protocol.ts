@@ -69,6 +69,8 @@ export interface IClusterEvent extends IEventBase {
   busy: boolean;
   error?: string | null;
   launcher?: string;
+  /** A change asked for that waits for the run ("scale to 3 after run-4"). */
+  notice?: string | null;
 }
 
 export interface IRunStartedEvent extends IEventBase {
@@ -162,7 +164,8 @@ export type PhalanxEvent =
 export type PhalanxRequest =
   | { v: number; type: 'request_snapshot' }
   | { v: number; type: 'scale'; n: number }
-  | { v: number; type: 'stop' };
+  | { v: number; type: 'stop' }
+  | { v: number; type: 'stop_run' };
 
 /** A message that does not fit the schema; the message names the field. */
 export class SchemaError extends Error {
@@ -244,6 +247,7 @@ function checkCluster(m: Obj): void {
   need(m, 'max_engines', 'int', 'cluster');
   need(m, 'busy', 'bool', 'cluster');
   optional(m, 'error', 'string', 'cluster');
+  optional(m, 'notice', 'string', 'cluster');
 }
 
 function checkRunStarted(m: Obj): void {
@@ -365,7 +369,8 @@ const REQUEST_CHECKS: Record<PhalanxRequest['type'], (m: Obj) => void> = {
       throw new SchemaError(`scale: n must be at least 1, got ${n}`);
     }
   },
-  stop: () => undefined
+  stop: () => undefined,
+  stop_run: () => undefined
 };
 
 function validate<T>(msg: unknown, checks: Record<string, (m: Obj) => void>, kind: string): T {
@@ -413,5 +418,10 @@ export namespace Requests {
 
   export function stop(): PhalanxRequest {
     return { v: SCHEMA_VERSION, type: 'stop' };
+  }
+
+  /** Stop the running run (the cluster stays). */
+  export function stopRun(): PhalanxRequest {
+    return { v: SCHEMA_VERSION, type: 'stop_run' };
   }
 }

@@ -81,6 +81,31 @@ class Recovery:
         self._resize_to = n
         open(control, "w").close()
 
+    def queue_resize(self, n: int) -> str:
+        """Scale to ``n`` engines once the running (fixed-size) run is over; says so.
+
+        Example::
+
+            session.fits.queue_resize(3)   # 'scale to 3 after run-4' (the panel's + mid-run)
+        """
+        job = self._job
+        if job is None:
+            raise FitUsageError("no run is going: scale now")
+        self.cluster.check_limit(n)
+        if n == self.cluster.size and self._resize_to is None:
+            raise FitUsageError(f"the cluster already has {n} engine(s)")
+        self._resize_to = n
+        return self.pending_notice() or ""
+
+    def pending_notice(self) -> str | None:
+        """What a resize asked for during the run waits for, in words (None: nothing waits)."""
+        job, n = self._job, self._resize_to
+        if job is None or n is None:
+            return None
+        if job.lineage is not None and self._control_path(job) is not None:
+            return f"resizing {job.name} to {n} at its next commit"
+        return f"scale to {n} after {job.name}"
+
     # --- resume, restart, resize ------------------------------------------------------------
 
     def _plan(self, job: Job, slots: list) -> dict | None:

@@ -22,6 +22,7 @@ from .._scratch import ScratchDir, reap_orphans
 from ..cluster._locality import is_local, is_loopback
 from ..runtime._entry import run_cell, stash_objects
 from ._checkpoints import Lineage, choose_lineage, warn_if_unused
+from ._control import RunControl
 from ._dispatch import Prepared, choose_backend, prepare, reachable_ip
 from ._engine_calls import alive, call_each, dispatch, fault_of
 from ._errors import DistributedFitError, failure
@@ -63,6 +64,7 @@ class FitRunner(Recovery):
         self.active: RunTracker | None = None
         self.active_name: str | None = None
         self.last: RunRecord | None = None
+        self.control = RunControl()  # stop requests and the wait loop's message pump
         self.memory_interval_s = 1.0  # engines sample their memory this often during a run (0: off)
 
     @property
@@ -76,6 +78,7 @@ class FitRunner(Recovery):
         if self.active is not None:
             raise FitUsageError(f"run {self.active_name!r} is still running in this kernel; "
                                 "wait for it or interrupt it first")
+        self.control.begin()
         slots = self._slots_for(opts)
         prepared = prepare(body, opts, user_ns, len(slots))
         backend = choose_backend(opts, slots, self.cluster.launcher)
@@ -133,6 +136,8 @@ class FitRunner(Recovery):
                 return self._record(job, slots, results, status, versions, prepared)
             error = failure(status, results, slots, job.opts, time.monotonic() - began,
                             _exact_steps(job.tracker, results))
+            if status == "interrupted" and self.control.stopped_by:
+                error.args = (f"{job.name} was stopped ({self.control.stopped_by}): {error.args[0]}",)
             first_error = first_error or error
             if status != "failed" or error.rank is None or restarts >= job.opts.max_restarts:
                 self._record(job, slots, results, status, versions, prepared)
@@ -150,7 +155,8 @@ class FitRunner(Recovery):
         try:  # a rank whose engine left before its task was sent fails like one that died in it
             ars = [dispatch(self.cluster, s, run_cell, spec, blob)
                    for s, spec, blob in zip(slots, specs, prepared.shard_blobs)]
-            status = Waiter(self.cluster, slots, ars, job.tracker, job.opts).wait(results)
+            status = Waiter(self.cluster, slots, ars, job.tracker, job.opts,
+                            self.control.pump).wait(results)
         except BaseException:
             self._group_settled(slots, key, ok=False)
             raise

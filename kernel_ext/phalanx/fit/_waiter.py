@@ -32,8 +32,10 @@ POLL_S = 0.005
 class Waiter:
     """Poll one attempt's results; on the first fault interrupt everyone else."""
 
-    def __init__(self, cluster: Any, slots: list, ars: list, tracker: Any, opts: Any) -> None:
+    def __init__(self, cluster: Any, slots: list, ars: list, tracker: Any, opts: Any,
+                 pump: Any = None) -> None:
         self.cluster, self.slots, self.ars, self.tracker, self.opts = cluster, slots, ars, tracker, opts
+        self.pump = pump or (lambda: None)  # serves the kernel's requests; may raise a stop
         self.output = OutputStreamer(ars)
         self.released_at: float | None = None
         self.stalled: set[int] = set()   # ranks that kept their peers waiting
@@ -61,6 +63,7 @@ class Waiter:
                 if self.released_at and time.monotonic() - self.released_at > RELEASE_GRACE_S:
                     self._abandon(pending, results)
                 self.output.flush()
+                self.pump()
                 time.sleep(POLL_S)
             except KeyboardInterrupt:
                 if interrupted:

@@ -75,7 +75,8 @@ class ClusterWidget:
 
     def scale(self, n: int) -> None:
         """Scale to ``n`` engines in the background (``%cluster scale N``)."""
-        self._act(f"scaling to {n} engine(s)", lambda: self.session.scale(n))
+        # During a run: resized at its next commit, or queued until it ends (shown, not lost).
+        self._act(f"scaling to {n} engine(s)", lambda: self.session.scale(n, queue=True))
 
     def start(self, n: int) -> None:
         """Start a cluster of ``n`` engines in the background (``%cluster start -n N``)."""
@@ -139,6 +140,11 @@ class ClusterWidget:
         self.restart_button.on_click(lambda _: self.restart())
         self.stop_button.on_click(lambda _: self.stop())
         self.count.observe(self._count_changed, names="value")
+        from .._pump import answer_where_sent
+
+        for control in (self.plus, self.minus, self.start_button, self.restart_button,
+                        self.stop_button, self.count):
+            answer_where_sent(getattr(control, "comm", None))  # answered during a run
 
     def _size(self) -> int:
         return len(self._engines)

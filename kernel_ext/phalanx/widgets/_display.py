@@ -55,7 +55,8 @@ class RunDisplay:
                 from ._bokehjs import load_bokehjs
                 from ._run_view import RunView
 
-                self.view = RunView.for_tracker(tracker, name)
+                self.view = RunView.for_tracker(
+                    tracker, name, on_stop=lambda: self.session.stop_run("Stop under the cell"))
                 self._loader = load_bokehjs(self.shell)
                 self._show(self.view)
             else:

@@ -46,15 +46,25 @@ class RunView:
     """Live widgets of one run (ipywidgets + a bokeh plot through jupyter_bokeh)."""
 
     def __init__(self, run_id: str, name: str, world_size: int, total_steps: int | None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 on_stop: Callable[[], Any] | None = None) -> None:
         import ipywidgets as w
 
         self.run_id, self.name, self.world_size = run_id, name, world_size
         self.header = w.HTML()
+        self.stop_button = w.Button(description="Stop run", button_style="danger",
+                                    tooltip="Stop this run: every rank stops, the engines stay up",
+                                    layout=w.Layout(width="auto", display="" if on_stop else "none"))
+        self._on_stop = on_stop
+        self.stop_button.on_click(lambda _: self._stop())
+        from .._pump import answer_where_sent
+
+        answer_where_sent(getattr(self.stop_button, "comm", None))  # clicked during the run
         self.progress = ProgressPanel(world_size, total_steps)
         self.series = SeriesBuilder(world_size)
         self.plot = LivePlot(world_size)
-        self.widget = w.VBox([self.header, self.progress.widget, self.plot.model])
+        self.widget = w.VBox([w.HBox([self.header, self.stop_button]), self.progress.widget,
+                              self.plot.model])
         self.rows_seen = 0
         self.cpu_s = 0.0  # CPU time the live updates took (what the budget bounds)
         self._clock, self._started = clock, clock()
@@ -67,9 +77,15 @@ class RunView:
         self._show_header()
 
     @classmethod
-    def for_tracker(cls, tracker: Any, name: str) -> "RunView":
+    def for_tracker(cls, tracker: Any, name: str, on_stop: Callable[[], Any] | None = None) -> "RunView":
         """The view of the run ``tracker`` follows (what ``on_start`` receives)."""
-        return cls(tracker.run_id, name, tracker.world_size, tracker.total_steps)
+        return cls(tracker.run_id, name, tracker.world_size, tracker.total_steps, on_stop=on_stop)
+
+    def _stop(self) -> None:
+        # Only asks: the run's wait loop stops every rank at its next poll.
+        self.stop_button.disabled, self.stop_button.description = True, "stopping…"
+        if self._on_stop is not None:
+            self._on_stop()
 
     def handle(self, event: Mapping[str, Any]) -> None:
         """Bus subscriber: take this run's events, update the widgets when the budget allows."""
@@ -107,6 +123,7 @@ class RunView:
             elif self._status == "running":
                 self._status = "stopped"
             self._show_header()
+            self.stop_button.layout.display = "none"
             self.plot.refresh()
             if record is not None:  # zooming in now shows every logged point of the window
                 from ..fit._digest import window_points

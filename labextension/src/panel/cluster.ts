@@ -55,6 +55,7 @@ export class ClusterView {
     this._tbody = h('tbody');
     this._head = h('tr');
     this._error = h('div', { class: 'jp-Phalanx-error', role: 'alert' });
+    this._notice = h('div', { class: 'jp-Phalanx-notice', role: 'status' });
     this._section.body.append(
       h(
         'div',
@@ -62,6 +63,7 @@ export class ClusterView {
         h('table', { class: 'jp-Phalanx-table' }, h('thead', {}, this._head), this._tbody)
       ),
       h('div', { class: 'jp-Phalanx-controls' }, this._minus, this._count, this._plus, this._stop),
+      this._notice,
       this._error
     );
   }
@@ -78,6 +80,8 @@ export class ClusterView {
     this._cluster = cluster;
     this._error.textContent = cluster?.error ?? '';
     this._error.hidden = !cluster?.error;
+    this._notice.textContent = cluster?.notice ?? '';
+    this._notice.hidden = !cluster?.notice;
     if (!cluster || cluster.engines.length === 0) {
       this._section.summary.textContent = '';
       showEmpty(this._section, emptyMessage(model, cluster));
@@ -153,6 +157,7 @@ export class ClusterView {
   private _head: HTMLTableRowElement;
   private _tbody: HTMLTableSectionElement;
   private _error: HTMLElement;
+  private _notice: HTMLElement;
   private _cluster: IClusterEvent | null = null;
   private _pending: PendingRequest | null = null;
 }

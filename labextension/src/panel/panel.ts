@@ -54,7 +54,7 @@ export class PhalanxPanel extends Widget {
       scale: n => this._send(Requests.scale(n)),
       stop: () => this._send(Requests.stop())
     });
-    this._run = new RunView();
+    this._run = new RunView({ stop: () => this._send(Requests.stopRun()) });
     this._network = new NetworkView();
     this._kernelLabel = h('div', { class: 'jp-Phalanx-kernel' });
     this._status = h('span', { class: 'jp-Phalanx-status' });
@@ -128,15 +128,20 @@ export class PhalanxPanel extends Widget {
     const connection = model?.connection ?? 'no-kernel';
     this._kernelLabel.textContent = this._target?.label ?? '';
     this._kernelLabel.title = this._target ? `following the kernel of ${this._target.label}` : '';
-    this._status.textContent = STATUS_TEXT[connection];
+    // A kernel in the middle of a run is busy, not absent: say what runs.
+    const running = connection === 'attached' && model?.run?.status === 'running';
+    this._status.textContent = running
+      ? `busy · ${model?.run?.name ?? 'a run'}`
+      : STATUS_TEXT[connection];
     replaceChildren(this._hint, HINTS[connection]());
     this._hint.hidden = connection === 'attached';
-    this._status.dataset.state = connection;
+    this._status.dataset.state = running ? 'busy' : connection;
     this.node.dataset.connection = connection;
     if (dirty.has('connection') || dirty.has('cluster')) {
       this._cluster.update(model);
     }
     if (dirty.has('connection') || dirty.has('run') || dirty.has('metrics')) {
+      // (the header's status line above follows the run too)
       this._run.update(model);
     }
     if (dirty.has('connection') || dirty.has('network')) {

@@ -8,9 +8,29 @@ import { IRankState, IRunState, PhalanxModel } from '../model';
 import { LossChart, rankColor } from './chart';
 import { h, ISection, replaceChildren, section, showEmpty } from './dom';
 
+export interface IRunActions {
+  /** Stop the running run (its cell says it was stopped; the engines stay). */
+  stop(): void;
+}
+
 export class RunView {
-  constructor() {
+  constructor(private readonly _actions: IRunActions = { stop: () => undefined }) {
     this._section = section('Run', 'jp-Phalanx-run');
+    this._stop = h(
+      'button',
+      {
+        class: 'jp-Phalanx-button jp-Phalanx-stopRun',
+        title: 'Stop this run: every rank stops, the engines stay up',
+        'aria-label': 'stop run'
+      },
+      'Stop run'
+    );
+    this._stop.onclick = () => {
+      this._stopping = this._run?.id ?? null;
+      this._stop.disabled = true;
+      this._stop.textContent = 'stopping…';
+      this._actions.stop();
+    };
     this._ranks = h('div', { class: 'jp-Phalanx-ranks' });
     this._metric = h('select', { class: 'jp-Phalanx-metric', 'aria-label': 'metric' });
     this._log = h('input', {
@@ -28,6 +48,7 @@ export class RunView {
     );
     this._error = h('div', { class: 'jp-Phalanx-error', role: 'alert' });
     this._section.body.append(
+      h('div', { class: 'jp-Phalanx-runControls' }, this._stop),
       this._ranks,
       this._error,
       h(
@@ -48,6 +69,7 @@ export class RunView {
   update(model: PhalanxModel | null): void {
     const run = model?.connection === 'attached' ? model.run : null;
     this._run = run;
+    this._showStop(run);
     if (!run) {
       this._section.summary.textContent = '';
       this._section.summary.title = '';
@@ -80,6 +102,16 @@ export class RunView {
 
   dispose(): void {
     this._chart.dispose();
+  }
+
+  private _showStop(run: IRunState | null): void {
+    const running = run?.status === 'running';
+    this._stop.hidden = !running;
+    if (!running || this._stopping !== run?.id) {
+      this._stopping = null;
+      this._stop.disabled = false;
+      this._stop.textContent = 'Stop run';
+    }
   }
 
   private _drawChart(userChanged: boolean): void {
@@ -117,6 +149,8 @@ export class RunView {
   }
 
   private _section: ISection;
+  private _stop: HTMLButtonElement;
+  private _stopping: string | null = null;
   private _ranks: HTMLElement;
   private _metric: HTMLSelectElement;
   private _log: HTMLInputElement;
