@@ -21,24 +21,13 @@ import pytest
 
 from conftest import assert_all_gone, run_cell
 from test_reliability_engines import CRASH
-from test_reliability_faults import ENDLESS as FAULTS_ENDLESS, SETUP, WARM_UP
+from test_reliability_faults import ENDLESS as FAULTS_ENDLESS, SETUP, WARM_UP  # noqa: F401
+from test_reliability_faults import _next_run_works, ready  # noqa: F401  (the fixture too)
 from test_reliability_helpers import wait_for, when_rank_logged, write_sitecustomize
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 ENDLESS = "%%distributed_fit\n" + FAULTS_ENDLESS
-
-
-@pytest.fixture
-def ready(two_engines, shell):
-    run_cell(shell, SETUP)
-    run_cell(shell, WARM_UP)
-    return two_engines
-
-
-def _next_run_works(shell, session):
-    run_cell(shell, "%%distributed_fit --return total\ntotal = allreduce(1.0, op='sum')\n")
-    assert shell.user_ns["total"] == 2.0 and session.last_run().status == "done"
 
 
 def _fit_error(shell, cell):
