@@ -156,6 +156,16 @@ def test_engines_over_ssh_on_two_hosts_train_together(session, shell, hosts, fig
     _check_protected(session)
     shell.run_line_magic("cluster", "stop")
     wait_for(lambda: not _remote_engine_pids(), 30, what="engines on the second host gone")
+    # The same kernel then starts a local cluster: its metrics come back on loopback, not to
+    # the receiver that listened on the other cluster's network.
+    session.start_cluster(n=2, gpus="none", timeout=120)
+    try:
+        run_cell(shell, "%%distributed_fit --return total --no-widget\n" + BODY)
+        record = session.last_run()
+        assert {r["rank"] for r in record.history.rows()} == {0, 1}, "no metric row arrived"
+        assert session.fits._receiver.address.startswith("tcp://127.0.0.1:")
+    finally:
+        session.stop_cluster()
 
 
 def _check_protected(session) -> None:

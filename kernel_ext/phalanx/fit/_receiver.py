@@ -27,6 +27,7 @@ class MetricsReceiver:
         self._socket = self._ctx.socket(zmq.PULL)
         self._socket.setsockopt(zmq.LINGER, 0)
         port = self._socket.bind_to_random_port(f"tcp://{bind_ip}")
+        self.bind_ip = bind_ip
         self.address = f"tcp://{advertise_ip or bind_ip}:{port}"
         self.token = secrets.token_hex(16)
         self.dropped = 0  # batches without this receiver's token

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from .. import events
 from .._scratch import ScratchDir, reap_orphans
-from ..cluster._locality import is_local, is_loopback
+from ..cluster._locality import is_local
 from ..runtime._entry import run_cell, stash_objects
 from ._checkpoints import Lineage, choose_lineage, warn_if_unused
 from ._control import RunControl
@@ -252,13 +252,16 @@ class FitRunner(Recovery):
         return ("tcp", reachable_ip(_remote_address(slots)), self._tcp_store.port, self._secret)
 
     def _receiver_for(self, slots: list) -> MetricsReceiver:
+        # Local engines report on loopback; across hosts only the interface on the route to the
+        # engines listens, not every one.  A receiver bound for another cluster is replaced: the
+        # network it listened on (a remote cluster's) may be gone, and loopback is unreachable
+        # from another host.
         local = all(is_local(s) for s in slots)
-        if self._receiver is None or (not local and is_loopback(self._receiver.address)):
+        bind_ip = "127.0.0.1" if local else reachable_ip(_remote_address(slots))
+        if self._receiver is None or self._receiver.bind_ip != bind_ip:
             if self._receiver is not None:
                 self._receiver.close()
-            # Across hosts: only the interface on the route to the engines, not every one.
-            self._receiver = (MetricsReceiver("127.0.0.1") if local else
-                              MetricsReceiver(reachable_ip(_remote_address(slots))))
+            self._receiver = MetricsReceiver(bind_ip)
         return self._receiver
 
     def _specs(self, job: Job, slots: list, prepared: Prepared, plan: dict | None) -> list[dict]:
