@@ -18,7 +18,7 @@ import pytest
 from IPython.core.error import UsageError
 
 from conftest import run_cell
-from test_reliability_helpers import figures, wait_for  # noqa: F401
+from test_reliability_helpers import figures, listening_sockets, wait_for  # noqa: F401
 from test_reliability_netns import BODY
 
 pytestmark = pytest.mark.cluster
@@ -153,8 +153,11 @@ def test_engines_over_ssh_on_two_hosts_train_together(session, shell, hosts, fig
     record = session.last_run()
     assert record.status == "done" and {r["rank"] for r in record.history.rows()} == {0, 1}
     assert session.fits._tcp_store is not None  # a rendezvous both hosts reach
+    store_port = session.fits._tcp_store.port
+    assert [s[1] for s in listening_sockets([os.getpid()]) if s[2] == store_port] == [HERE]
     _check_protected(session)
     shell.run_line_magic("cluster", "stop")
+    assert session.fits._tcp_store is None and session.fits._receiver is None
     wait_for(lambda: not _remote_engine_pids(), 30, what="engines on the second host gone")
     # The same kernel then starts a local cluster: its metrics come back on loopback, not to
     # the receiver that listened on the other cluster's network.
@@ -164,6 +167,7 @@ def test_engines_over_ssh_on_two_hosts_train_together(session, shell, hosts, fig
         record = session.last_run()
         assert {r["rank"] for r in record.history.rows()} == {0, 1}, "no metric row arrived"
         assert session.fits._receiver.address.startswith("tcp://127.0.0.1:")
+        assert session.fits._tcp_store is None  # one host: a private file rendezvous
     finally:
         session.stop_cluster()
 

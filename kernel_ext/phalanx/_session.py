@@ -147,7 +147,9 @@ class Session:
         if not self.cluster.running:
             return False
         with self._changing():
-            return self.cluster.stop()
+            stopped = self.cluster.stop()
+        self.fits.release_listeners()
+        return stopped
 
     def status(self) -> ClusterStatus:
         from .cluster._memory import fill_engine_memory, merge_samples

@@ -57,7 +57,8 @@ class FitRunner(Recovery):
         # when the kernel goes, and a killed kernel's is removed here by the next one.
         reap_orphans()
         self._scratch = ScratchDir("rdzv")
-        self._tcp_store: Any = None
+        self._tcp_store: Any = None                   # across hosts: torch's TCPStore server
+        self._tcp_store_ip: str | None = None         # ... listening on this address only
         self._lineage: Lineage | None = None          # the last run's checkpoints (for --resume)
         self._job: Job | None = None
         self._resize_to: int | None = None
@@ -112,11 +113,16 @@ class FitRunner(Recovery):
             return os.path.join(opts.keep_history, f"{safe}-{run_id}")
         return os.path.join(self._store_dir, "history", run_id)
 
-    def close(self) -> None:
+    def release_listeners(self) -> None:
+        """Close the sockets opened for the engines (metric stream, TCP rendezvous): a stopped
+        cluster's network needs none, and the next run opens what its cluster needs."""
         if self._receiver is not None:
             self._receiver.close()
             self._receiver = None
-        self._tcp_store = None
+        self._tcp_store = self._tcp_store_ip = None
+
+    def close(self) -> None:
+        self.release_listeners()
         self._scratch.remove()
 
     # --- attempts ---------------------------------------------------------------------------
@@ -240,16 +246,16 @@ class FitRunner(Recovery):
                 self._groups.pop(slot.slot_id, None)
 
     def _store_for(self, slots: list, key: str) -> tuple:
+        # One host: a private file store, and no TCP server left from an earlier cluster that
+        # spanned hosts (it would listen on that cluster's network for nothing).
         if all(is_local(s) for s in slots):
+            self._tcp_store = None
             return ("file", os.path.join(self._store_dir, key))
-        import datetime
-
-        import torch.distributed as dist
-
-        if self._tcp_store is None:
-            self._tcp_store = dist.TCPStore("0.0.0.0", 0, None, True, wait_for_workers=False,
-                                            timeout=datetime.timedelta(seconds=300))
-        return ("tcp", reachable_ip(_remote_address(slots)), self._tcp_store.port, self._secret)
+        bind_ip = reachable_ip(_remote_address(slots))
+        if self._tcp_store is None or self._tcp_store_ip != bind_ip:
+            self._tcp_store, self._tcp_store_ip = None, bind_ip
+            self._tcp_store = tcp_store_on(bind_ip)
+        return ("tcp", bind_ip, self._tcp_store.port, self._secret)
 
     def _receiver_for(self, slots: list) -> MetricsReceiver:
         # Local engines report on loopback; across hosts only the interface on the route to the
@@ -316,6 +322,31 @@ def _exact_steps(tracker: RunTracker, results: dict) -> dict[int, int]:
     for rank, res in results.items():  # the engines' own counts are exact
         steps[rank] = max(steps.get(rank, 0), int(res.get("steps", 0)))
     return steps
+
+
+def tcp_store_on(bind_ip: str) -> Any:
+    """A TCPStore server listening on ``bind_ip`` only.  Given a host name, torch's server binds
+    every interface; handed a socket already bound to one address, it listens there."""
+    import datetime
+    import socket
+
+    import torch.distributed as dist
+
+    family = socket.AF_INET6 if ":" in bind_ip else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((bind_ip, 0))
+        sock.listen(512)
+        port = sock.getsockname()[1]
+        store = dist.TCPStore(bind_ip, port, None, True, wait_for_workers=False,
+                              timeout=datetime.timedelta(seconds=300),
+                              master_listen_fd=sock.fileno(), use_libuv=True)
+    except BaseException:
+        sock.close()
+        raise
+    sock.detach()  # the store's server owns the descriptor now and closes it
+    return store
 
 
 def _remote_address(slots: list) -> str:
