@@ -1,10 +1,13 @@
 """The kernel end of the JupyterLab panel: a ``phalanx`` comm target fed from the event bus.
 
 The panel opens a comm to target :data:`~phalanx.events.COMM_TARGET` and sends only typed
-requests (``request_snapshot``, ``scale``, ``stop``, ``stop_run``); it never sends code.  This
+requests (``request_snapshot``, ``scale``, ``stop``, ``stop_run``, ``request_window``); it never
+sends code.  This
 module answers them and forwards every bus event to every open panel comm, throttled to about ten messages a
 second: ``cluster``/``progress``/``network`` states are coalesced (only the latest matters),
-metric rows are batched (never dropped: the panel draws the whole history).
+metric rows are batched (never dropped: the panel downsamples the whole history as it arrives).
+A reloaded panel gets the run's downsampled curves; a zoomed chart asks for its step window and
+gets it at full resolution from the kernel's history.
 
 The panel talks over a kernel subshell where the kernel has them, so its requests are answered
 on that subshell's thread while a cell runs: everything here holds ``self._lock``, and the
@@ -43,6 +46,8 @@ MAX_COMMS = 8
 # A reloaded panel gets the run history in chunks of this many rows rather than in one
 # message of unbounded size.
 HISTORY_CHUNK_ROWS = 5000
+# A zoomed chart gets its window at full resolution up to this many points per line.
+WINDOW_POINTS = 20_000
 
 Schedule = Callable[[float, Callable[[], None]], Callable[[], None]]
 
@@ -71,7 +76,7 @@ def wire_safe(event: dict) -> dict:
         {'acc': 0.5}
     """
     kind = event.get("type")
-    if kind == "metrics":
+    if kind in ("metrics", "history_window"):
         rows = [{**r, "metrics": _finite_metrics(r["metrics"])} for r in event["rows"]]
         return {**event, "rows": rows}
     if kind == "progress":
@@ -346,6 +351,8 @@ class LabComm:
             elif kind == "stop_run":
                 if not self._session.stop_run("Stop in the phalanx panel"):
                     self._send(comm, self._cluster_error("no run is going"))
+            elif kind == "request_window":
+                self._send(comm, self.window_message(request))
         except Exception as exc:  # the kernel keeps working; the panel shows why
             log.exception("phalanx: lab panel request %r failed", kind)
             self._send(comm, self._cluster_error(f"{kind} failed: {exc}"))
@@ -393,6 +400,22 @@ class LabComm:
                 chunk = events.metrics(run, rows[start:start + HISTORY_CHUNK_ROWS])
                 messages.append(wire_safe(chunk))
         return messages
+
+    def window_message(self, request: Mapping[str, Any]) -> dict:
+        """The ``history_window`` answering a zoomed chart's ``request_window``: the run's rows
+        in the step window, read from the whole history (memory or disk), every row up to
+        ``max_points`` per line.  A request for another run than the current one gets no rows.
+
+        Example: ``lab.window_message({"run": "r1", "start": 100, "end": 200})["rows"]``
+        """
+        run, start, end = request["run"], request["start"], request["end"]
+        current = [e["run"] for e in self._session.events.snapshot()
+                   if e.get("type") == "run_started"]
+        rows: list[dict] = []
+        if current and current[-1] == run:
+            rows = self._session.run_history_window(
+                steps=(start, end), max_points=request.get("max_points") or WINDOW_POINTS)
+        return wire_safe(events.history_window(run, start, end, rows))
 
     def _history_rows(self) -> list[dict]:
         try:

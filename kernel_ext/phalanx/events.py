@@ -27,6 +27,8 @@ COMM_TARGET = "phalanx"
 NODE_STATES = ("fresh", "stale", "queued", "fitting", "fitted", "failed")
 ENGINE_STATES = ("starting", "idle", "busy", "dead", "stopping")
 RUN_STATES = ("running", "done", "failed", "interrupted", "timeout")
+# A zoomed chart asks for at most this many points per line (one answer stays a few MB).
+MAX_WINDOW_POINTS = 100_000
 
 
 class SchemaError(ValueError):
@@ -179,6 +181,20 @@ def _check_time(m: Mapping[str, Any]) -> None:
                           "collectives", "log_s"))
 
 
+def _check_window(m: Mapping[str, Any], where: str) -> None:
+    """A step window ``[start, end]`` of one run (a zoomed chart)."""
+    _need(m, "run", str, where)
+    start, end = _need(m, "start", _NUM, where), _need(m, "end", _NUM, where)
+    if end < start:
+        raise SchemaError(f"{where}: end ({end}) is before start ({start}); give start <= end")
+
+
+def _check_history_window(m: Mapping[str, Any]) -> None:
+    _check_window(m, "history_window")
+    for r in _need(m, "rows", list, "history_window"):
+        _check_row(r, "history_window")
+
+
 def _check_snapshot(m: Mapping[str, Any]) -> None:
     for ev in _need(m, "events", list, "snapshot"):
         validate_event(ev)
@@ -194,6 +210,7 @@ _EVENT_CHECKS = {
     "snapshot": _check_snapshot,
     "memory": _check_memory,
     "time": _check_time,
+    "history_window": _check_history_window,
 }
 
 
@@ -207,11 +224,21 @@ def _no_fields(m: Mapping[str, Any]) -> None:
     return None
 
 
+def _check_window_request(m: Mapping[str, Any]) -> None:
+    _check_window(m, "request_window")
+    if m.get("max_points") is not None:
+        n = _need(m, "max_points", int, "request_window")
+        if not 1 <= n <= MAX_WINDOW_POINTS:
+            raise SchemaError(f"request_window: max_points must be between 1 and "
+                              f"{MAX_WINDOW_POINTS}, got {n}")
+
+
 _REQUEST_CHECKS = {
     "request_snapshot": _no_fields,
     "scale": _check_scale,
     "stop": _no_fields,
     "stop_run": _no_fields,
+    "request_window": _check_window_request,
 }
 
 
@@ -322,6 +349,20 @@ def time_parts(run: str, ranks: Iterable[Mapping[str, Any]]) -> dict:
         'time'
     """
     return _event("time", run=run, ranks=[dict(r) for r in ranks])
+
+
+def history_window(run: str, start: float, end: float,
+                   rows: Iterable[Mapping[str, Any]]) -> dict:
+    """The answer to a panel's ``request_window``: the run's rows with ``start <= step <= end``,
+    every row up to the asked number of points per line (min/max downsampled beyond).
+
+    Example::
+
+        >>> row = {"rank": 0, "step": 5, "t": 1.0, "metrics": {"loss": 0.5}}
+        >>> validate_event(history_window("r1", 0, 10, [row]))["rows"][0]["step"]
+        5
+    """
+    return _event("history_window", run=run, start=start, end=end, rows=[dict(r) for r in rows])
 
 
 def snapshot(events: Iterable[Mapping[str, Any]]) -> dict:

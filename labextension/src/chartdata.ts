@@ -13,15 +13,17 @@ export interface IChartColumns {
 
 /**
  * Align series on their steps. A rank that logged twice in a step keeps its
- * last value. With `positiveOnly` (log scale) values <= 0 become gaps.
+ * last value. With `positiveOnly` (log scale) values <= 0 become gaps. The
+ * mean column is `meanSeries` where given, else the mean of the aligned ranks.
  */
 export function alignSeries(
   byRank: ReadonlyMap<number, ISeries>,
-  positiveOnly = false
+  positiveOnly = false,
+  meanSeries: ISeries | null = null
 ): IChartColumns {
   const ranks = [...byRank.keys()].sort((a, b) => a - b);
   const steps = new Set<number>();
-  for (const series of byRank.values()) {
+  for (const series of [...byRank.values(), ...(meanSeries ? [meanSeries] : [])]) {
     for (const step of series.steps) {
       steps.add(step);
     }
@@ -36,6 +38,15 @@ export function alignSeries(
     }
     return column;
   });
+  if (meanSeries) {
+    // The mean line kept beside the ranks' (exact at its steps, downsampled like them).
+    const mean: (number | null)[] = new Array(xs.length).fill(null);
+    meanSeries.steps.forEach((step, i) => {
+      const value = meanSeries.values[i];
+      mean[index.get(step)!] = positiveOnly && value <= 0 ? null : value;
+    });
+    return { ranks, data: [xs, ...columns, mean] };
+  }
   const mean = xs.map((_, i) => {
     let sum = 0;
     let n = 0;

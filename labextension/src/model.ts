@@ -10,6 +10,7 @@ import {
   IClusterEvent,
   INetworkEvent,
   IRankProgress,
+  MAX_WINDOW_POINTS,
   PhalanxEvent,
   RunStatus,
   SchemaError,
@@ -44,6 +45,16 @@ export interface IRunState {
   readonly error: string | null;
   /** Latest progress per rank, by rank. */
   readonly ranks: ReadonlyMap<number, IRankState>;
+  /** Downsampled curves of the whole run (bounded however long it runs). */
+  readonly history: MetricHistory;
+  /** The last step window the kernel sent at full resolution (a zoomed chart), or null. */
+  readonly window: IHistoryWindow | null;
+}
+
+/** Rows of one step window, as the kernel answered a zoomed chart. */
+export interface IHistoryWindow {
+  readonly start: number;
+  readonly end: number;
   readonly history: MetricHistory;
 }
 
@@ -158,9 +169,21 @@ export class PhalanxModel {
         }
         return;
       }
+      case 'history_window': {
+        const run = this._run;
+        if (run && run.id === event.run) {
+          const history = new MetricHistory(run.worldSize, MAX_WINDOW_POINTS);
+          history.add(event.rows);
+          history.finish();
+          run.window = { start: event.start, end: event.end, history };
+          this._changed.emit('metrics');
+        }
+        return;
+      }
       case 'run_ended': {
         const run = this._runFor(event.run);
         if (run) {
+          run.history.finish();
           run.status = event.status;
           run.wallS = event.wall_s;
           run.error = event.error ?? null;
@@ -192,6 +215,7 @@ export class PhalanxModel {
     if (this._run && this._run.id === id) {
       // The same run again (a snapshot after live updates): keep its history.
       Object.assign(this._run, info);
+      this._run.history.worldSize = info.worldSize ?? this._run.history.worldSize;
       return this._run;
     }
     this._run = {
@@ -201,7 +225,8 @@ export class PhalanxModel {
       wallS: null,
       error: null,
       ranks: new Map(),
-      history: new MetricHistory()
+      history: new MetricHistory(info.worldSize),
+      window: null
     };
     return this._run;
   }

@@ -150,6 +150,15 @@ export interface ITimeEvent extends IEventBase {
   ranks: IRankTime[];
 }
 
+/** The kernel's answer to `request_window`: a zoomed chart's rows at full resolution. */
+export interface IHistoryWindowEvent extends IEventBase {
+  type: 'history_window';
+  run: string;
+  start: number;
+  end: number;
+  rows: IMetricRow[];
+}
+
 export type PhalanxEvent =
   | IClusterEvent
   | IRunStartedEvent
@@ -159,13 +168,25 @@ export type PhalanxEvent =
   | INetworkEvent
   | ISnapshotEvent
   | IMemoryEvent
-  | ITimeEvent;
+  | ITimeEvent
+  | IHistoryWindowEvent;
 
 export type PhalanxRequest =
   | { v: number; type: 'request_snapshot' }
   | { v: number; type: 'scale'; n: number }
   | { v: number; type: 'stop' }
-  | { v: number; type: 'stop_run' };
+  | { v: number; type: 'stop_run' }
+  | {
+      v: number;
+      type: 'request_window';
+      run: string;
+      start: number;
+      end: number;
+      max_points?: number;
+    };
+
+/** The most points per line a zoomed chart may ask for (as in events.py). */
+export const MAX_WINDOW_POINTS = 100_000;
 
 /** A message that does not fit the schema; the message names the field. */
 export class SchemaError extends Error {
@@ -269,17 +290,48 @@ function checkProgress(m: Obj): void {
   }
 }
 
-function checkMetrics(m: Obj): void {
-  need(m, 'run', 'string', 'metrics');
-  for (const r of entries(m, 'rows', 'metrics')) {
-    need(r, 'rank', 'int', 'metrics');
-    need(r, 'step', 'int', 'metrics');
-    need(r, 't', 'number', 'metrics');
-    const metrics = need(r, 'metrics', 'object', 'metrics') as Obj;
+function checkRows(m: Obj, where: string): void {
+  for (const r of entries(m, 'rows', where)) {
+    need(r, 'rank', 'int', where);
+    need(r, 'step', 'int', where);
+    need(r, 't', 'number', where);
+    const metrics = need(r, 'metrics', 'object', where) as Obj;
     for (const [name, value] of Object.entries(metrics)) {
       if (!fits(value, 'number')) {
-        throw new SchemaError(`metrics: metric '${name}' must be a number`);
+        throw new SchemaError(`${where}: metric '${name}' must be a number`);
       }
+    }
+  }
+}
+
+function checkMetrics(m: Obj): void {
+  need(m, 'run', 'string', 'metrics');
+  checkRows(m, 'metrics');
+}
+
+/** A step window `[start, end]` of one run. */
+function checkWindow(m: Obj, where: string): void {
+  need(m, 'run', 'string', where);
+  const start = need(m, 'start', 'number', where) as number;
+  const end = need(m, 'end', 'number', where) as number;
+  if (end < start) {
+    throw new SchemaError(`${where}: end (${end}) is before start (${start}); give start <= end`);
+  }
+}
+
+function checkHistoryWindow(m: Obj): void {
+  checkWindow(m, 'history_window');
+  checkRows(m, 'history_window');
+}
+
+function checkWindowRequest(m: Obj): void {
+  checkWindow(m, 'request_window');
+  if (m.max_points !== undefined && m.max_points !== null) {
+    const n = need(m, 'max_points', 'int', 'request_window') as number;
+    if (n < 1 || n > MAX_WINDOW_POINTS) {
+      throw new SchemaError(
+        `request_window: max_points must be between 1 and ${MAX_WINDOW_POINTS}, got ${n}`
+      );
     }
   }
 }
@@ -358,7 +410,8 @@ const EVENT_CHECKS: Record<PhalanxEvent['type'], (m: Obj) => void> = {
   network: checkNetwork,
   snapshot: checkSnapshot,
   memory: checkMemory,
-  time: checkTime
+  time: checkTime,
+  history_window: checkHistoryWindow
 };
 
 const REQUEST_CHECKS: Record<PhalanxRequest['type'], (m: Obj) => void> = {
@@ -370,7 +423,8 @@ const REQUEST_CHECKS: Record<PhalanxRequest['type'], (m: Obj) => void> = {
     }
   },
   stop: () => undefined,
-  stop_run: () => undefined
+  stop_run: () => undefined,
+  request_window: checkWindowRequest
 };
 
 function validate<T>(msg: unknown, checks: Record<string, (m: Obj) => void>, kind: string): T {
@@ -423,5 +477,22 @@ export namespace Requests {
   /** Stop the running run (the cluster stays). */
   export function stopRun(): PhalanxRequest {
     return { v: SCHEMA_VERSION, type: 'stop_run' };
+  }
+
+  /** Ask for `run`'s rows with `start <= step <= end`, up to `maxPoints` per line. */
+  export function window(
+    run: string,
+    start: number,
+    end: number,
+    maxPoints?: number
+  ): PhalanxRequest {
+    return validateRequest({
+      v: SCHEMA_VERSION,
+      type: 'request_window',
+      run,
+      start,
+      end,
+      ...(maxPoints === undefined ? {} : { max_points: maxPoints })
+    });
   }
 }

@@ -19,13 +19,44 @@ describe('MetricHistory', () => {
     expect(h.rowCount).toBe(3);
   });
 
-  it('keeps every row of a long history', () => {
-    const h = new MetricHistory();
+  it('keeps a short history whole and a long one bounded, extremes and last point kept', () => {
+    const h = new MetricHistory(2, 400);
     for (let i = 0; i < 100; i++) {
-      h.add(Array.from({ length: 1000 }, (_, j) => row(j % 2, i * 1000 + j, 1, i * 1000 + j)));
+      h.add(
+        Array.from({ length: 1000 }, (_, j) => row(j % 2, i * 500 + (j >> 1), 1, i * 1000 + j))
+      );
+      if (i === 0) {
+        const steps = h.series('loss').get(1)!.steps;
+        expect(steps.length).toBeLessThan(400); // 500 > 400 points: bucketed
+        expect(steps[steps.length - 1]).toBe(499);
+      }
     }
-    expect(h.rowCount).toBe(100_000);
-    expect(h.series('loss').get(1)?.steps).toHaveLength(50_000);
+    h.add([row(0, 60_000, 99, 200_000), row(1, 60_000, -5, 200_000)]);
+    expect(h.rowCount).toBe(100_002);
+    const r0 = h.series('loss').get(0)!;
+    const r1 = h.series('loss').get(1)!;
+    expect(r0.steps.length).toBeLessThanOrEqual(400);
+    expect(Math.max(...r0.values)).toBe(99);
+    expect(Math.min(...r1.values)).toBe(-5);
+    expect(r1.steps[r1.steps.length - 1]).toBe(60_000);
+    expect(h.maxLinePoints('loss')).toBeLessThanOrEqual(400);
+    const mean = h.mean('loss')!;
+    expect(mean.steps.length).toBeLessThanOrEqual(400);
+    expect(mean.steps[mean.steps.length - 1]).toBe(60_000);
+    expect(mean.values[mean.values.length - 1]).toBe(47);
+  });
+
+  it('takes a step mean once every rank logged it, or moved past it', () => {
+    const h = new MetricHistory(2);
+    h.add([row(0, 1, 4), row(0, 2, 6)]);
+    expect(h.mean('loss')).toBeNull(); // rank 1 has not logged
+    h.add([row(1, 1, 2)]);
+    expect(h.mean('loss')).toEqual({ steps: [1], values: [3] });
+    h.add([row(1, 3, 1), row(0, 3, 3)]); // rank 1 skipped step 2
+    expect(h.mean('loss')).toEqual({ steps: [1, 2, 3], values: [3, 6, 2] });
+    h.add([row(0, 4, 10)]);
+    h.finish(); // the run ended: step 4 has what it has
+    expect(h.mean('loss')?.values).toEqual([3, 6, 2, 10]);
   });
 
   it('accepts two rows of one step at different times, skips exact repeats', () => {
@@ -42,6 +73,8 @@ describe('alignSeries', () => {
     h.add([row(0, 1, 4), row(1, 1, 2), row(0, 2, 3), row(1, 3, 1)]);
     const { ranks, data } = alignSeries(h.series('loss'));
     expect(ranks).toEqual([0, 1]);
+    h.finish();
+    expect(alignSeries(h.series('loss'), false, h.mean('loss')).data[3]).toEqual([3, 3, 1]);
     expect(data).toEqual([
       [1, 2, 3],
       [4, 3, null],

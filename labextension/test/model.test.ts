@@ -146,4 +146,21 @@ describe('PhalanxModel', () => {
     model.apply(metrics('r', [row(0, 1, 1)]));
     expect(changes).toEqual([]);
   });
+
+  it('keeps the window the kernel answered a zoomed chart with, for the current run only', () => {
+    const { model, changes } = modelWithLog();
+    model.apply(started('r1'));
+    const rows = Array.from({ length: 300 }, (_, i) => row(i % 2, 100 + (i >> 1), i, i));
+    expect(
+      model.receive({ v: 1, type: 'history_window', run: 'r1', start: 100, end: 249, rows })
+    ).toBe(true);
+    const window = model.run!.window!;
+    expect([window.start, window.end]).toEqual([100, 249]);
+    expect(window.history.series('loss').get(1)?.steps).toHaveLength(150); // every row
+    expect(window.history.mean('loss')?.steps).toHaveLength(150);
+    expect(model.run!.history.rowCount).toBe(0); // the run's curves are not touched
+    expect(changes[changes.length - 1]).toBe('metrics');
+    model.apply({ v: 1, type: 'history_window', run: 'old', start: 0, end: 1, rows: [] });
+    expect(model.run!.window).toBe(window);
+  });
 });

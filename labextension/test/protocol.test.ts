@@ -69,6 +69,15 @@ describe('Requests', () => {
     expect(Requests.snapshot()).toEqual({ v: 1, type: 'request_snapshot' });
     expect(Requests.scale(3)).toEqual({ v: 1, type: 'scale', n: 3 });
     expect(Requests.stop()).toEqual({ v: 1, type: 'stop' });
+    expect(Requests.window('r1', 10, 20, 500)).toEqual({
+      v: 1,
+      type: 'request_window',
+      run: 'r1',
+      start: 10,
+      end: 20,
+      max_points: 500
+    });
+    expect(() => Requests.window('r1', 20, 10)).toThrow('end (10) is before start (20)');
   });
 
   it('refuses to build a scale request the kernel would reject', () => {

@@ -137,7 +137,8 @@ class CurveDigest:
 
     def wire_rows(self) -> list[dict]:
         """The ranks' downsampled points as metric rows ``{rank, step, t, metrics}`` (the form of
-        ``metrics`` events), by rank then step; points of one rank and step share a row."""
+        ``metrics`` events), by step then rank (so a panel can take each step's mean over
+        ranks as the rows come); points of one rank and step share a row."""
         with self._lock:
             merged: dict[tuple[int, int], dict] = {}
             for name, lines in self._lines.items():
@@ -148,7 +149,7 @@ class CurveDigest:
                         row = merged.setdefault((rank, int(step)), {
                             "rank": rank, "step": int(step), "t": t, "metrics": {}})
                         row["metrics"][name] = value
-        return [merged[k] for k in sorted(merged)]
+        return [merged[k] for k in sorted(merged, key=lambda k: (k[1], k[0]))]
 
 
 def window_rows(history: Any, steps: tuple | None = None, times: tuple | None = None,

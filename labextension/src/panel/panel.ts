@@ -15,6 +15,8 @@ import { NetworkView } from './network';
 import { RunView } from './run';
 
 export const PANEL_ID = 'phalanx';
+/** A zoomed chart gets its window at full resolution up to this many points per line. */
+const WINDOW_POINTS = 20_000;
 
 const ICON_SVG = `<svg xmlns="http://www.w3.org/2000/svg" width="16" height="16" viewBox="0 0 16 16">
   <g class="jp-icon3" fill="#616161">
@@ -54,7 +56,10 @@ export class PhalanxPanel extends Widget {
       scale: n => this._send(Requests.scale(n)),
       stop: () => this._send(Requests.stop())
     });
-    this._run = new RunView({ stop: () => this._send(Requests.stopRun()) });
+    this._run = new RunView({
+      stop: () => this._send(Requests.stopRun()),
+      window: (run, start, end) => this._send(Requests.window(run, start, end, WINDOW_POINTS))
+    });
     this._network = new NetworkView();
     this._kernelLabel = h('div', { class: 'jp-Phalanx-kernel' });
     this._status = h('span', { class: 'jp-Phalanx-status' });

@@ -11,6 +11,8 @@ import { h, ISection, replaceChildren, section, showEmpty } from './dom';
 export interface IRunActions {
   /** Stop the running run (its cell says it was stopped; the engines stay). */
   stop(): void;
+  /** Ask the kernel for `run`'s rows in a step window (a zoomed chart). */
+  window?(run: string, start: number, end: number): void;
 }
 
 export class RunView {
@@ -40,7 +42,11 @@ export class RunView {
     });
     this._metric.onchange = () => this._drawChart(true);
     this._log.onchange = () => this._drawChart(true);
-    this._chart = new LossChart();
+    this._chart = new LossChart((start, end) => {
+      if (this._run) {
+        this._actions.window?.(this._run.id, start, end);
+      }
+    });
     this._chartEmpty = h(
       'div',
       { class: 'jp-Phalanx-empty' },
@@ -129,7 +135,7 @@ export class RunView {
       if (userChanged) {
         this._chart.clear();
       }
-      this._chart.draw(run.history, metric, this._log.checked);
+      this._chart.draw(run.history, metric, this._log.checked, run.window);
       this._chart.node.dataset.points = String(this._chart.points);
     }
   }

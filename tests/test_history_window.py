@@ -1,0 +1,120 @@
+"""A zoomed panel chart asks the kernel for a step window: answered from the run's whole history.
+
+The run is fed through the kernel's receiving path (:meth:`RunTracker.on_batch`, what the
+metrics receiver calls) into a history small enough in memory that most of it is on disk; the
+request goes through the lab comm as the panel sends it (a typed ``request_window`` message).
+The comm itself is a fake (it only records what is sent); the session, tracker, history and
+digest are the real ones.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from phalanx import events
+from phalanx._labcomm import WINDOW_POINTS, LabComm
+from phalanx._session import Session
+from phalanx.fit import MetricHistory
+from phalanx.fit._downsample import MAX_POINTS
+from phalanx.fit._tracker import RunTracker
+from test_labcomm import FakeComm, FakeManager
+
+RANKS, STEPS, BATCH = 2, 60_000, 500
+
+
+def _loss(rank: int, step: np.ndarray) -> np.ndarray:
+    # a slow curve with one spike per rank, so a downsampled window must keep it
+    y = 1.0 / (1.0 + step * 1e-3) + rank
+    return np.where(step == 31_337 + rank, 100.0 + rank, y)
+
+
+@pytest.fixture
+def fed(tmp_path):
+    """A session whose current run has 120k rows, most of them spilled to disk."""
+    session = Session()
+    tracker = RunTracker("win-1", RANKS, STEPS, session.events.emit,
+                         history_dir=str(tmp_path / "win-1"))
+    tracker.history = MetricHistory(str(tmp_path / "win-1"), memory_rows=8192, chunk_rows=4096)
+    session.events.emit(events.run_started("win-1", RANKS, STEPS, "allreduce", name="w"))
+    session.fits.active = tracker
+    for start in range(0, STEPS, BATCH):
+        steps = np.arange(start, start + BATCH)
+        for rank in range(RANKS):
+            loss = _loss(rank, steps).tolist()
+            tracker.on_batch({"rank": rank, "step": int(steps[-1]), "rows": [
+                [s, 1e9 + s * 0.01, {"loss": v}] for s, v in zip(steps.tolist(), loss)]})
+    while tracker.publish():   # what the publisher thread does: the digest follows
+        pass
+    lab = LabComm(session, comm_manager=FakeManager(), create_comm=lambda **kw: FakeComm())
+    lab.register()
+    yield session, tracker, lab
+    lab.close()
+    session.fits.active = None
+
+
+def _by_rank(rows: list[dict]) -> dict[int, tuple[list, list]]:
+    out: dict[int, tuple[list, list]] = {}
+    for r in sorted(rows, key=lambda r: (r["rank"], r["step"])):
+        steps, values = out.setdefault(r["rank"], ([], []))
+        steps.append(r["step"])
+        values.append(r["metrics"]["loss"])
+    return out
+
+
+def test_a_window_request_is_answered_at_full_resolution_from_disk(fed, tmp_path):
+    session, tracker, lab = fed
+    parts = [f for f in os.listdir(tmp_path / "win-1") if f.startswith("part-")]
+    assert len(parts) >= 20, "the history should be mostly on disk for this test"
+    panel = lab._comm_manager.open({"v": 1, "type": "request_snapshot"})
+    panel.sent.clear()
+    panel.request({"v": 1, "type": "request_window", "run": "win-1", "start": 31_000,
+                   "end": 32_999})
+    [answer] = panel.sent
+    assert events.validate_event(answer)["type"] == "history_window"
+    assert (answer["start"], answer["end"]) == (31_000, 32_999)
+    lines = _by_rank(answer["rows"])
+    assert sorted(lines) == [0, 1]
+    for rank, (steps, values) in lines.items():
+        assert steps == list(range(31_000, 33_000))            # every row of the window
+        assert np.allclose(values, _loss(rank, np.arange(31_000, 33_000)))
+        assert max(values) == 100.0 + rank                      # the spike, exactly
+
+
+def test_a_wide_window_is_bounded_and_keeps_the_spike(fed):
+    _, _, lab = fed
+    answer = lab.window_message({"run": "win-1", "start": 0, "end": STEPS, "max_points": 400})
+    for rank, (steps, values) in _by_rank(answer["rows"]).items():
+        assert len(steps) <= 400
+        assert max(values) == 100.0 + rank
+        assert steps[0] == 0 and steps[-1] == STEPS - 1
+
+
+def test_a_window_of_another_run_gets_no_rows(fed):
+    _, _, lab = fed
+    answer = lab.window_message({"run": "older-run", "start": 0, "end": 10})
+    assert answer["rows"] == [] and answer["run"] == "older-run"
+
+
+def test_invalid_window_requests_say_what_is_wrong(fed, caplog):
+    _, _, lab = fed
+    panel = lab._comm_manager.open()
+    panel.sent.clear()
+    panel.request({"v": 1, "type": "request_window", "run": "win-1", "start": 9, "end": 1})
+    assert panel.sent == []
+    assert "end (1) is before start (9)" in caplog.text
+
+
+def test_a_reloaded_panel_gets_bounded_curves_in_step_order(fed):
+    session, tracker, lab = fed
+    rows = session.run_history_rows()
+    lines = _by_rank(rows)
+    for rank, (steps, values) in lines.items():
+        assert len(steps) <= MAX_POINTS
+        assert max(values) == 100.0 + rank and steps[-1] == STEPS - 1
+    # step-major: each rank's rows stay in order, and ranks interleave so means settle early
+    assert [r["step"] for r in rows] == sorted(r["step"] for r in rows)
+    assert len(rows) <= RANKS * MAX_POINTS
+    assert WINDOW_POINTS > MAX_POINTS
