@@ -149,6 +149,14 @@ export class LossChart {
   ): void {
     const data = this.node.dataset;
     data.linePoints = String(source ? source.maxLinePoints(metric) : 0);
+    data.range = source ? source.stepRange(metric).join(',') : '';
+    let max = -Infinity;
+    for (const line of source?.series(metric).values() ?? []) {
+      for (const value of line.values) {
+        max = value > max ? value : max;
+      }
+    }
+    data.max = Number.isFinite(max) ? String(max) : '';
     data.log = String(this._key.endsWith('|true'));
     if (shown) {
       data.zoom = `${shown.start},${shown.end}`;
