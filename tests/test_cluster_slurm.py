@@ -7,6 +7,7 @@ and scancel.  One Slurm cluster serves the whole module (see ``slurm_support``).
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 
 import numpy as np
@@ -84,6 +85,24 @@ def test_a_job_that_stays_pending_is_reported_with_its_reason(session, shell, sl
     job = message.split("Slurm job ")[1].split()[0]
     assert job.isdigit()
     assert time.monotonic() - started < 60
+    assert slurm.queue() == [] and not session.cluster.running  # cancelled, nothing left
+
+
+def test_a_job_the_partition_will_never_run_is_reported_at_once(session, shell, slurm):
+    # The partition's time limit made shorter than what the job asks: Slurm keeps the job pending
+    # for ever (reason PartitionTimeLimit), so phalanx says so without waiting out --timeout.
+    subprocess.run(["scontrol", "update", "PartitionName=debug", "MaxTime=5"], check=True)
+    try:
+        started = time.monotonic()
+        with pytest.raises(UsageError) as caught:
+            shell.run_line_magic("cluster", "start -n 1 --launcher slurm --gpus none --timeout 300 "
+                                            "--slurm-args=--time=60")
+        waited = time.monotonic() - started
+    finally:
+        subprocess.run(["scontrol", "update", "PartitionName=debug", "MaxTime=INFINITE"], check=True)
+    message = str(caught.value)
+    assert "cannot start as asked" in message and "PartitionTimeLimit" in message, message
+    assert waited < 150, f"reported after {waited:.0f} s: it waited for the start timeout"
     assert slurm.queue() == [] and not session.cluster.running  # cancelled, nothing left
 
 

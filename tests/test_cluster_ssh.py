@@ -18,7 +18,8 @@ import pytest
 from IPython.core.error import UsageError
 
 from conftest import run_cell
-from test_reliability_helpers import figures, listening_sockets, wait_for  # noqa: F401
+from test_reliability_helpers import (figures, listening_sockets, wait_for,  # noqa: F401
+                                      when_rank_logged)
 from test_reliability_netns import BODY
 
 pytestmark = pytest.mark.cluster
@@ -220,3 +221,43 @@ def test_hosts_that_cannot_be_read_are_refused(session, shell):
     with pytest.raises(UsageError, match="cannot read 'a:x' in --hosts"):
         shell.run_line_magic("cluster", "start --launcher ssh --hosts a:x --gpus none")
     assert not session.cluster.running
+
+
+LONG_BODY = """
+import time
+from phalanx import allreduce, log
+for step in range(100000):
+    allreduce(float(rank))
+    log(step_rank=float(rank))
+    time.sleep(0.02)
+"""
+
+
+def test_a_host_lost_mid_run_is_named_and_the_survivor_released(session, shell, hosts, figures):
+    """The second host drops off the network mid-run (its link goes down: no reset, no goodbye,
+    as when a node crashes or its switch port dies).  The run ends with one error naming the
+    lost rank and its host, the rank on this host is released, and the kernel keeps working."""
+    from phalanx.fit import DistributedFitError
+
+    shell.run_line_magic("cluster", f"start --launcher ssh --hosts {HERE}:1,{THERE}:1 "
+                                    f"--gpus none --timeout 120 --profile {hosts}")
+    lost = [s.address for s in session.cluster.slots()].index(THERE)  # slots are in rank order
+    cut = when_rank_logged(session, lost, 20, lambda: _ip("link", "set", "phx-sv0", "down"),
+                           timeout=120)
+    try:
+        with pytest.raises(DistributedFitError) as caught:
+            run_cell(shell, "%%distributed_fit --no-widget --collective-timeout 20\n" + LONG_BODY)
+        cut["thread"].join(timeout=5)
+        assert "t" in cut, f"the link was not cut: {cut.get('error')}"
+        figures["15_host_lost_to_error_s"] = round(time.time() - cut["t"], 2)
+        message = str(caught.value)
+        print(f"lost host reported {figures['15_host_lost_to_error_s']} s after the cut:\n{message}")
+        assert f"rank {lost}" in message and THERE in message, message
+        assert session.last_run().status == "failed"
+        # The survivor was released: the engine on this host runs the next cell.
+        survivor = next(s for s in session.cluster.slots() if s.address == HERE)
+        assert survivor.state != "dead"
+    finally:
+        _ip("link", "set", "phx-sv0", "up")
+        shell.run_line_magic("cluster", "stop")
+        wait_for(lambda: not _remote_engine_pids(), 60, what="engines on the lost host gone")

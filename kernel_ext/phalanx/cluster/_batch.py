@@ -2,7 +2,8 @@
 
 ipyparallel writes the job script and submits it; phalanx adds what a person needs to see when
 the job does not turn into engines: the submit command's own message (an unknown partition),
-a job that stays pending with Slurm's reason, a job that ended before its engines registered.
+a job that stays pending with Slurm's reason (at once where waiting cannot help, such as a
+--time over the partition's limit), a job that ended before its engines registered.
 
 Example::
 
@@ -29,6 +30,24 @@ POLL_S = 2.0
 # Slurm job states in which a job still holds (or waits for) its nodes
 LIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING",
         "SIGNALING", "STAGE_OUT")
+# Pending reasons that waiting does not cure: the job asks for more than the partition, account
+# or QOS will ever allow, or it is held.  Reported at once instead of at the start timeout.
+NEVER_BY_WAITING = {
+    "PartitionTimeLimit": "its --time exceeds the partition's time limit",
+    "PartitionNodeLimit": "its node count is outside the partition's limits",
+    "PartitionDown": "the partition is down",
+    "PartitionInactive": "the partition is inactive",
+    "BadConstraints": "its constraints can never be satisfied",
+    "InvalidAccount": "its account is not valid",
+    "InvalidQOS": "its QOS is not valid",
+    "DependencyNeverSatisfied": "its dependency can never be satisfied",
+    "JobHeldUser": "it is held (scontrol release releases it)",
+    "JobHeldAdmin": "it is held by an administrator",
+    "AssocMaxWallDurationPerJobLimit": "its --time exceeds the association's limit",
+    "QOSMaxWallDurationPerJobLimit": "its --time exceeds the QOS's limit",
+    "AssocMaxNodesPerJobLimit": "its node count exceeds the association's limit",
+    "QOSMaxNodePerJobLimit": "its node count exceeds the QOS's limit",
+}
 
 
 class BatchLauncher(RemoteLauncher):
@@ -112,6 +131,10 @@ class SlurmLauncher(BatchLauncher):
         if found is None:
             return f"Slurm job {job} ended before its engines registered"
         state, reason = found
+        if state == "PENDING" and reason in NEVER_BY_WAITING:
+            return (f"Slurm job {job} cannot start as asked: Slurm's reason is {reason} "
+                    f"({NEVER_BY_WAITING[reason]}). phalanx cancelled it: change --slurm-args or "
+                    "the profile's options")
         if state == "PENDING" and waited_out:
             return (f"Slurm job {job} is still pending after the start timeout; Slurm's reason: "
                     f"{reason}. phalanx cancelled it: ask for what the cluster can give "
