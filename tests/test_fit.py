@@ -10,6 +10,7 @@ import torch
 from IPython.core.error import UsageError
 
 from conftest import run_cell
+from test_reliability_helpers import wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -59,7 +60,6 @@ def fit(two_engines, shell):
 def test_allreduce_matches_single_process_full_batch(fit, shell):
     run_cell(shell, "%%distributed_fit --shard X,y --return model --seed 3\n" + LOOP.replace("model(", "model("))
     trained = shell.user_ns["model"]
-    reference = _reference(shell, 12) if False else None
     run_cell(shell, SETUP)  # the original model again, for the reference
     reference = _reference(shell, 12)
     np.testing.assert_allclose(_params(trained), _params(reference), atol=1e-5)
@@ -268,12 +268,28 @@ def test_kernel_interrupt_stops_every_rank(fit, shell):
 
     from phalanx.fit import DistributedFitError
 
-    timer = threading.Timer(1.5, lambda: os.kill(os.getpid(), signal.SIGINT))
-    timer.start()
-    started = time.monotonic()
+    # Interrupt once both ranks are inside the loop (a condition, not a delay that assumes an
+    # idle machine): the SIGINT reaches the kernel while it waits for the engines.
+    def both_ranks_in_the_loop() -> bool:
+        tracker = fit.fits.active
+        return tracker is not None and {r["rank"] for r in tracker.history.rows()} == {0, 1}
+
+    def interrupt_when_training():
+        wait_for(both_ranks_in_the_loop, 120, what="both ranks in the loop")
+        watch["t"] = time.time()
+        os.kill(os.getpid(), signal.SIGINT)
+
+    watch: dict = {}
+    thread = threading.Thread(target=interrupt_when_training, daemon=True)
+    thread.start()
     with pytest.raises(DistributedFitError, match="interrupted"):
-        run_cell(shell, "%%distributed_fit\nimport time\nwhile True:\n    time.sleep(0.01)\n")
-    assert time.monotonic() - started < 1.5 + 5
+        run_cell(shell, "%%distributed_fit\nimport time\nfrom phalanx import log\n"
+                        "log(started=1.0)\nwhile True:\n    time.sleep(0.01)\n")
+    thread.join(timeout=10)
+    assert "t" in watch, "the run ended before both ranks were in the loop"
+    stopped_after = time.time() - watch["t"]
+    print(f"every rank stopped {stopped_after:.2f} s after the interrupt")
+    assert stopped_after < 30  # far below the collective timeout: the ranks were not waited out
     assert all(r["state"] == "idle" for r in fit.status().rows)
     _assert_next_run_works(shell, fit)
 
