@@ -204,5 +204,11 @@ class PanelClient:
             raise TimeoutError(f"the panel's request was not answered within {timeout} s")
         return (time.monotonic() - started) * 1e3
 
+    def unload(self) -> None:
+        """What the page does as it unloads: close its comm (the kernel stops sending to it)."""
+        if self.comm_id is not None:
+            self.connection.send_shell("comm_close", {"comm_id": self.comm_id, "data": {}},
+                                       self._subshell)
+
     def close(self) -> None:
         self.connection.close()

@@ -124,11 +124,15 @@ class Reloading(Meanwhile):
         panels = []
         try:
             while not self._stop.is_set():
+                if panels:
+                    panels[-1].unload()
                 panel = PanelClient(self.km)
                 panels.append(panel)
                 self.attach_ms.append(panel.attach())
                 self._stop.wait(RELOAD_EVERY_S)
         finally:
+            if panels:
+                panels[-1].unload()
             for panel in panels:
                 panel.close()
 
