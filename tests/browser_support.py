@@ -322,6 +322,24 @@ def _joined(text: str | list[str]) -> str:
     return "".join(text) if isinstance(text, list) else text
 
 
+def training_loop(steps: int, sleep_s: float = 0.05) -> str:
+    """The body of a ``%%distributed_fit`` cell that trains a tiny model for ``steps`` steps,
+    sleeping ``sleep_s`` each: long enough to act on while it runs, cheap on a busy machine."""
+    return f"""import time, torch
+from phalanx import log
+from phalanx.runtime import steps
+net = torch.nn.Linear(3, 1)
+opt = torch.optim.SGD(net.parameters(), lr=0.03)
+for step in steps({steps}):
+    x = torch.randn(16, 3)
+    opt.zero_grad()
+    loss = ((net(x) - x.sum(1, keepdim=True)) ** 2).mean()
+    loss.backward()
+    opt.step()
+    log(loss=loss.item())
+    time.sleep({sleep_s})"""
+
+
 def open_panel(page):
     """Show the phalanx side panel and return its locator."""
     execute_command(page, "phalanx:open-panel")

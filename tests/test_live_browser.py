@@ -29,6 +29,7 @@ from browser_support import (  # noqa: F401  (fixtures)
     run_cell,
     screenshot,
     screenshot_on_failure,
+    training_loop,
     wait_for_kernel_idle,
     write_notebook,
 )
@@ -39,19 +40,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.cluster, pytest.mark.slow]
 # At 0.05 s a step, at least 45 s; every run here is ended early by Stop run, and a page reload
 # on a busy 2-core machine takes tens of seconds, so the run must outlast it.
 STEPS = 900
-LOOP = f"""import time, torch
-from phalanx import log
-from phalanx.runtime import steps
-net = torch.nn.Linear(3, 1)
-opt = torch.optim.SGD(net.parameters(), lr=0.03)
-for step in steps({STEPS}):
-    x = torch.randn(16, 3)
-    opt.zero_grad()
-    loss = ((net(x) - x.sum(1, keepdim=True)) ** 2).mean()
-    loss.backward()
-    opt.step()
-    log(loss=loss.item())
-    time.sleep(0.05)"""
+LOOP = training_loop(STEPS)
 CELLS = [
     "%load_ext phalanx\n%cluster start -n 2 --gpus none",
     f"%%distributed_fit --name elastic-run --steps {STEPS} --checkpoint-every 5 --no-widget\n" + LOOP,

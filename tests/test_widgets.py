@@ -263,6 +263,47 @@ def test_one_update_leaves_as_one_patch_message():
     assert [e["kind"] for e in content["events"]] == ["ColumnsStreamed"] * 3
 
 
+def test_run_view_follows_an_elastic_run_that_grows_and_shrinks():
+    from phalanx.widgets._run_view import RunView
+
+    view = RunView("r-1", "run-1", world_size=2, total_steps=100)
+    view.handle(progress_event("r-1", [rank_progress(0, 10), rank_progress(1, 10)]))
+    view.handle(metrics_event("r-1", rows((0, 1, {"loss": 1.0}), (1, 1, {"loss": 2.0}))))
+    view.drain()
+    # Resized to 3 ranks at a commit: a bar, a line and a legend entry for rank 2.
+    view.handle(metrics_event("r-1", rows((0, 2, {"loss": 1.0}), (1, 2, {"loss": 2.0}),
+                                          (2, 2, {"loss": 3.0}))))
+    view.handle(progress_event("r-1", [rank_progress(r, 12) for r in range(3)]))
+    view.drain()
+    assert [b.value for b in view.progress.bars] == [12, 12, 12]
+    assert "3 rank(s)" in view.header.value
+    assert view.plot.points("loss", 2) == 1 and view.plot.lines[("loss", MEAN)].values() == [1.5, 2.0]
+    legend = view.plot.panels["loss"].figures[0].legend[0]
+    assert [item.label["value"] for item in legend.items] == ["rank 0", "rank 1", "rank 2", "mean"]
+    # Shrunk back to 2: rank 2's row is hidden, not left showing a stale count.
+    view.handle(progress_event("r-1", [rank_progress(r, 20) for r in range(2)]))
+    view.drain()
+    rows_shown = [row.layout.display for row in view.progress.widget.children]
+    assert rows_shown == ["", "", "none"] and "2 rank(s)" in view.header.value
+
+
+def test_cluster_widget_says_what_waits_for_the_run():
+    from phalanx.events import cluster_state
+    from phalanx.widgets import ClusterWidget
+
+    bus = EventBus()
+    engine = {"rank": 0, "engine_id": 0, "host": "h", "pid": None, "device": "cpu",
+              "state": "busy", "memory_mb": None, "step": None}
+    session = SimpleNamespace(events=bus, max_engines=4, status=None,
+                              cluster=SimpleNamespace(size=1, running=False, launcher="local"))
+    panel = ClusterWidget(session)
+    bus.emit(cluster_state([engine], 4, notice="scale to 2 after run-3"))   # + during a run
+    assert "scale to 2 after run-3" in panel.message.value
+    bus.emit(cluster_state([engine, {**engine, "rank": 1}], 4))               # applied after it
+    assert "after run-3" not in panel.message.value
+    panel.close()
+
+
 def test_cluster_widget_shows_a_change_made_elsewhere():
     from phalanx.events import cluster_state
     from phalanx.widgets import ClusterWidget

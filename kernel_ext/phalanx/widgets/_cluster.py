@@ -57,6 +57,7 @@ class ClusterWidget:
         self.busy: str | None = None     # what is being changed, while it is
         self.error: str | None = None    # why the last change was refused or failed
         self._done: str | None = None    # what the last change did, and how long it took
+        self._notice: str | None = None  # what a change asked for during a run waits for
         self._changing = False           # a change made elsewhere (%cluster, the lab panel) goes
         self._engines: list[dict] = list(session.status().rows) if session.cluster.running else []
         self._max = session.max_engines
@@ -114,6 +115,7 @@ class ClusterWidget:
             if kind == "cluster":
                 self._engines, self._max = list(event["engines"]), int(event["max_engines"])
                 self._changing = bool(event.get("busy"))
+                self._notice = event.get("notice")
                 self._memory = {}  # fresh figures came with the engines
             elif kind == "run_started":
                 self._steps, self._running = {}, int(event["world_size"])
@@ -179,7 +181,7 @@ class ClusterWidget:
             self.busy, self.error = None, error
             if engines is not None:
                 self._engines = engines
-            if error is None:
+            if error is None and self._notice is None:
                 self._done = f"{label}: done in {time.monotonic() - started:.1f} s"
             self._render()
 
@@ -218,6 +220,8 @@ class ClusterWidget:
             return f"<span style='color:#8d6e00'>⏳ {html.escape(what)}…</span>"
         if self.error is not None:
             return f"<span style='color:#c62828'>✖ {html.escape(self.error)}</span>"
+        if self._notice is not None:  # asked during a run: it waits for the run (or its commit)
+            return f"<span style='color:#8d6e00'>⏳ {html.escape(self._notice)}</span>"
         return f"<span style='color:#2e7d32'>✔ {html.escape(self._done)}</span>" if self._done else ""
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict:

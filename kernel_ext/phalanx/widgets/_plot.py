@@ -158,6 +158,20 @@ class MetricPanel:
                                  TabPanel(child=self.figures[1], title="log")],
                            tabs_location="right", sizing_mode="stretch_width")
 
+    def add_rank(self, rank: int) -> "Line":
+        """A line for a rank the run gained (an elastic run that grew), in the legend before the
+        mean's entry."""
+        from bokeh.models import LegendItem
+
+        line = self.lines[rank] = Line(self.figures, rank_colour(rank))
+        if rank < LEGEND_MAX_RANKS:
+            for i, fig in enumerate(self.figures):
+                item = LegendItem(label=f"rank {rank}", renderers=list(line.renderers[i]))
+                line.legend_items.append(item)
+                for legend in fig.legend:
+                    legend.items = [*legend.items[:-1], item, *legend.items[-1:]]
+        return line
+
     def rename(self, name: str) -> None:
         """Label a panel built ahead with the metric it now shows (a few small changes)."""
         from bokeh.models import HoverTool
@@ -210,11 +224,16 @@ class LivePlot:
     def extend(self, points: Points) -> None:
         """Append new points (from :class:`~phalanx.widgets._series.SeriesBuilder`)."""
         with self._lock:
-            new = [name for name in points if (name, MEAN) not in self.lines]
-            if new:
+            if any((name, key) not in self.lines for name, lines in points.items() for key in lines):
                 with self.model.batched(everything=True):  # sent before any point streams in
-                    for name in new:
-                        self._add_metric(name)
+                    for name in points:
+                        if (name, MEAN) not in self.lines:
+                            self._add_metric(name)
+                    for name, lines in points.items():
+                        for key in lines:
+                            if (name, key) not in self.lines:  # a rank an elastic run gained
+                                self.world_size = max(self.world_size, int(key) + 1)
+                                self.lines[(name, key)] = self.panels[name].add_rank(int(key))
             with self.model.batched():
                 self._stream(points)
 

@@ -28,16 +28,29 @@ class ProgressPanel:
         import ipywidgets as w
 
         self.total_steps = total_steps
-        self.bars = [w.IntProgress(value=0, min=0, max=total_steps or 1, bar_style="info",
-                                   layout=w.Layout(width="40%")) for _ in range(world_size)]
-        self.details = [w.HTML(value=self._detail({"rank": r, "step": 0, "total": total_steps}))
-                        for r in range(world_size)]
-        rows = [w.HBox([w.HTML(f"<code>rank {r}</code>", layout=w.Layout(width="4.5em")), bar, detail])
-                for r, (bar, detail) in enumerate(zip(self.bars, self.details))]
-        self.widget = w.VBox(rows)
+        self.bars: list[Any] = []
+        self.details: list[Any] = []
+        self.widget = w.VBox([])
+        self.show_ranks(world_size)
         self.memory: dict[int, Mapping[str, Any]] = {}   # each rank's latest memory sample
         self.times: dict[int, Mapping[str, Any]] = {}    # each rank's time in collectives
         self._last: dict[int, Mapping[str, Any]] = {}     # each rank's latest progress row
+
+    def show_ranks(self, world_size: int) -> None:
+        """One row per rank of ``world_size``: an elastic run that grew gets rows for its new
+        ranks; rows of ranks it no longer has are hidden (their last figures kept)."""
+        import ipywidgets as w
+
+        for rank in range(len(self.bars), world_size):
+            self.bars.append(w.IntProgress(value=0, min=0, max=self.total_steps or 1,
+                                           bar_style="info", layout=w.Layout(width="40%")))
+            self.details.append(w.HTML(value=self._detail(
+                {"rank": rank, "step": 0, "total": self.total_steps})))
+            label = w.HTML(f"<code>rank {rank}</code>", layout=w.Layout(width="4.5em"))
+            self.widget.children = (*self.widget.children,
+                                    w.HBox([label, self.bars[rank], self.details[rank]]))
+        for rank, row in enumerate(self.widget.children):
+            row.layout.display = "" if rank < world_size else "none"
 
     def update(self, ranks: list[Mapping[str, Any]]) -> None:
         """Show the ranks' latest progress (one ``progress`` event's ``ranks``)."""

@@ -139,6 +139,9 @@ class RunView:
         latest = [e for e in events if e.get("type") == "progress"][-1:]
         if latest:
             self._ranks = list(latest[0]["ranks"])
+            if self._ranks and len(self._ranks) != self.world_size:  # an elastic run resized
+                self.world_size = self.series.world_size = len(self._ranks)
+                self.progress.show_ranks(self.world_size)
             self.progress.update(self._ranks)
         memory = [e for e in events if e.get("type") == "memory"][-1:]
         if memory:
