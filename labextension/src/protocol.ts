@@ -141,6 +141,14 @@ export interface IRankTime {
   collective_move_s: number;
   collectives: number;
   log_s: number;
+  /** Once the rank finished a step: steps, their seconds, and parts adding up to them. */
+  steps?: number | null;
+  step_s?: number | null;
+  parts?: Record<string, number> | null;
+  dominant?: string | null;
+  dominant_share?: number | null;
+  /** Set on a rank whose own work per step is well above the others': "data & forward 61% of step time". */
+  slow?: string | null;
 }
 
 /** Each rank's time parts, sent when they change during a run. */
@@ -340,13 +348,25 @@ function checkMemory(m: Obj): void {
 }
 
 function checkTime(m: Obj): void {
-  checkPerRank(m, 'time', [
-    'collective_s',
-    'collective_wait_s',
-    'collective_move_s',
-    'collectives',
-    'log_s'
-  ]);
+  checkPerRank(
+    m,
+    'time',
+    ['collective_s', 'collective_wait_s', 'collective_move_s', 'collectives', 'log_s'],
+    ['steps', 'step_s', 'dominant_share']
+  );
+  for (const entry of entries(m, 'ranks', 'time')) {
+    const parts = entry.parts;
+    if (parts !== undefined && parts !== null) {
+      if (typeof parts !== 'object' || Array.isArray(parts)) {
+        throw new SchemaError("time: field 'parts' must be an object of part -> seconds");
+      }
+      for (const key of Object.keys(parts as Obj)) {
+        need(parts as Obj, key, 'number', 'time parts');
+      }
+    }
+    optional(entry, 'dominant', 'string', 'time');
+    optional(entry, 'slow', 'string', 'time');
+  }
 }
 
 const EVENT_CHECKS: Record<PhalanxEvent['type'], (m: Obj) => void> = {
