@@ -9,7 +9,9 @@ import { MetricHistory } from './history';
 import {
   IClusterEvent,
   INetworkEvent,
+  IRankMemory,
   IRankProgress,
+  IRankTime,
   PhalanxEvent,
   RunStatus,
   SchemaError,
@@ -45,6 +47,10 @@ export interface IRunState {
   /** Latest progress per rank, by rank. */
   readonly ranks: ReadonlyMap<number, IRankState>;
   readonly history: MetricHistory;
+  /** Latest time breakdown per rank (step parts, collectives), by rank. */
+  readonly times: ReadonlyMap<number, IRankTime>;
+  /** Latest memory sample per rank (RSS, CUDA), by rank. */
+  readonly memory: ReadonlyMap<number, IRankMemory>;
 }
 
 /** A logger seam so tests can assert on dropped messages without console noise. */
@@ -158,6 +164,18 @@ export class PhalanxModel {
         }
         return;
       }
+      case 'time':
+      case 'memory': {
+        const run = this._runFor(event.run);
+        if (run) {
+          const store = event.type === 'time' ? run.times : run.memory;
+          for (const entry of event.ranks) {
+            (store as Map<number, typeof entry>).set(entry.rank, entry);
+          }
+          this._changed.emit('run');
+        }
+        return;
+      }
       case 'run_ended': {
         const run = this._runFor(event.run);
         if (run) {
@@ -201,7 +219,9 @@ export class PhalanxModel {
       wallS: null,
       error: null,
       ranks: new Map(),
-      history: new MetricHistory()
+      history: new MetricHistory(),
+      times: new Map(),
+      memory: new Map()
     };
     return this._run;
   }
@@ -229,8 +249,10 @@ export class PhalanxModel {
 
 type Mutable<T> = { -readonly [K in keyof T]: T[K] };
 
-interface IMutableRun extends Mutable<Omit<IRunState, 'ranks'>> {
+interface IMutableRun extends Mutable<Omit<IRunState, 'ranks' | 'times' | 'memory'>> {
   ranks: Map<number, IRankState>;
+  times: Map<number, IRankTime>;
+  memory: Map<number, IRankMemory>;
 }
 
 function rankState(p: IRankProgress): IRankState {

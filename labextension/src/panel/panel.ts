@@ -137,7 +137,8 @@ export class PhalanxPanel extends Widget {
     this._hint.hidden = connection === 'attached';
     this._status.dataset.state = running ? 'busy' : connection;
     this.node.dataset.connection = connection;
-    if (dirty.has('connection') || dirty.has('cluster')) {
+    if (dirty.has('connection') || dirty.has('cluster') || dirty.has('run')) {
+      // (a run's live memory samples fill the cluster table's memory columns)
       this._cluster.update(model);
     }
     if (dirty.has('connection') || dirty.has('run') || dirty.has('metrics')) {

@@ -7,6 +7,7 @@ import * as fmt from '../format';
 import { IRankState, IRunState, PhalanxModel } from '../model';
 import { LossChart, rankColor } from './chart';
 import { h, ISection, replaceChildren, section, showEmpty } from './dom';
+import { partsBar } from './parts';
 
 export interface IRunActions {
   /** Stop the running run (its cell says it was stopped; the engines stay). */
@@ -198,7 +199,8 @@ function rankRow(r: IRankState, run: IRunState): HTMLElement {
           { class: 'jp-Phalanx-straggler', title: 'more than 20% behind the median rank' },
           'straggler'
         )
-      : null
+      : null,
+    partsBar(run.times.get(r.rank))
   );
 }
 
