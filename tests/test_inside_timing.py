@@ -20,6 +20,17 @@ for step in range(4):
 """
 
 
+def run_capturing_events(session, shell, body: str) -> list[dict]:
+    """Run ``body`` as a ``%%distributed_fit`` cell; the events the session emitted meanwhile."""
+    captured: list[dict] = []
+    unsubscribe = session.events.subscribe(captured.append)
+    try:
+        run_cell(shell, "%%distributed_fit --no-widget\n" + body)
+    finally:
+        unsubscribe()
+    return captured
+
+
 def test_calls_settle_only_when_every_rank_reported_and_attempts_restart_numbering():
     t = CollectiveTimes(world_size=2)
     t.add(0, {"collectives": [[0, 1.0, 0.5], [1, 2.0, 0.2]], "log_s": 0.1})
@@ -40,12 +51,7 @@ def test_calls_settle_only_when_every_rank_reported_and_attempts_restart_numberi
 
 @pytest.mark.cluster
 def test_rank_kept_waiting_in_allreduce_is_shown_waiting_for_its_peer(two_engines, shell):
-    captured = []
-    unsubscribe = two_engines.events.subscribe(captured.append)
-    try:
-        run_cell(shell, "%%distributed_fit --no-widget\n" + WAITING)
-    finally:
-        unsubscribe()
+    captured = run_capturing_events(two_engines, shell, WAITING)
     record = two_engines.last_run()
     waiter, sleeper = record.timing[0], record.timing[1]
     # The loop's 4, plus the run's own end-of-run agreement on who ran out of data (join).
@@ -115,12 +121,7 @@ def test_step_parts_add_up_and_mark_the_slow_part():
 
 @pytest.mark.cluster
 def test_slow_data_rank_is_marked_data_and_its_peer_waits(two_engines, shell):
-    captured = []
-    unsubscribe = two_engines.events.subscribe(captured.append)
-    try:
-        run_cell(shell, "%%distributed_fit --no-widget\n" + SLOW_DATA)
-    finally:
-        unsubscribe()
+    captured = run_capturing_events(two_engines, shell, SLOW_DATA)
     record = two_engines.last_run()
     slow, waiter = record.timing[1], record.timing[0]
     assert slow["steps"] == waiter["steps"] == 6
@@ -139,3 +140,30 @@ def test_slow_data_rank_is_marked_data_and_its_peer_waits(two_engines, shell):
     assert seen, "no time event carried the step parts"
     for e in seen:
         events.validate_event(e)
+
+
+def test_run_view_draws_each_ranks_step_parts_as_a_stacked_bar():
+    from phalanx.widgets._run_view import RunView
+
+    t = CollectiveTimes(world_size=2)
+    base = {"steps": 4, "backward_s": 0.04, "optimizer_s": 0.01, "log_s": 0.01, "other_s": 0.0}
+    t.add(0, {"collectives": [[0, 1.0, 1.0]], "log_s": 0.01,
+              "parts": {**base, "forward_s": 0.05, "collective_s": 1.0}})
+    t.add(1, {"collectives": [[0, 1.96, 0.04]], "log_s": 0.01,
+              "parts": {**base, "forward_s": 1.0, "collective_s": 0.04}})
+    view = RunView("r1", "t-run", world_size=2, total_steps=None)
+    view.handle(events.time_parts("r1", t.take_changed()))
+    view.drain()
+    waiter, slow = (d.value for d in view.progress.details)
+    assert 'data-part="wait"' in waiter and "waiting for a peer 86%" in waiter and "slow:" not in waiter
+    assert 'data-part="data"' in slow and "slow: data &amp; forward 91% of step time" in slow
+
+
+@pytest.mark.parametrize("module", ["runtime._timing", "fit._timing", "fit._step_parts",
+                                    "widgets._parts_bar"])
+def test_examples_in_the_docstrings_hold(module):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(f"phalanx.{module}"))
+    assert result.attempted and not result.failed
