@@ -14,6 +14,7 @@ SECTIONS = [
     ("network", "bench_network.py"),
     ("cluster_start", "bench_start.py"),
     ("inside", "bench_inside.py"),
+    ("step_parts", "bench_step_parts.py"),
 ]
 
 

@@ -217,11 +217,18 @@ def _no_fields(m: Mapping[str, Any]) -> None:
     return None
 
 
+def _check_profile_next(m: Mapping[str, Any]) -> None:
+    steps = m.get("steps")
+    if steps is not None and (_need(m, "steps", int, "profile_next") < 1):
+        raise SchemaError(f"profile_next: steps must be at least 1, got {steps}")
+
+
 _REQUEST_CHECKS = {
     "request_snapshot": _no_fields,
     "scale": _check_scale,
     "stop": _no_fields,
     "stop_run": _no_fields,
+    "profile_next": _check_profile_next,  # the next run records ``steps`` (5) steps: --profile
 }
 
 

@@ -173,7 +173,8 @@ export type PhalanxRequest =
   | { v: number; type: 'request_snapshot' }
   | { v: number; type: 'scale'; n: number }
   | { v: number; type: 'stop' }
-  | { v: number; type: 'stop_run' };
+  | { v: number; type: 'stop_run' }
+  | { v: number; type: 'profile_next'; steps?: number };
 
 /** A message that does not fit the schema; the message names the field. */
 export class SchemaError extends Error {
@@ -390,7 +391,15 @@ const REQUEST_CHECKS: Record<PhalanxRequest['type'], (m: Obj) => void> = {
     }
   },
   stop: () => undefined,
-  stop_run: () => undefined
+  stop_run: () => undefined,
+  profile_next: m => {
+    if (m.steps !== undefined && m.steps !== null) {
+      const steps = need(m, 'steps', 'int', 'profile_next') as number;
+      if (steps < 1) {
+        throw new SchemaError(`profile_next: steps must be at least 1, got ${steps}`);
+      }
+    }
+  }
 };
 
 function validate<T>(msg: unknown, checks: Record<string, (m: Obj) => void>, kind: string): T {
@@ -443,5 +452,10 @@ export namespace Requests {
   /** Stop the running run (the cluster stays). */
   export function stopRun(): PhalanxRequest {
     return { v: SCHEMA_VERSION, type: 'stop_run' };
+  }
+
+  /** Record the next run's first `steps` optimizer steps on every rank (--profile). */
+  export function profileNext(steps = 5): PhalanxRequest {
+    return validateRequest({ v: SCHEMA_VERSION, type: 'profile_next', steps });
   }
 }

@@ -3,6 +3,7 @@ import { describe, expect, it } from 'vitest';
 import { engineColumns, withLiveMemory } from '../src/engines';
 import { PhalanxModel } from '../src/model';
 import { partShares } from '../src/panel/parts';
+import { Requests, SchemaError } from '../src/protocol';
 import type { IRankTime, PhalanxEvent } from '../src/protocol';
 import fixtures from './fixtures/messages.json';
 import { cluster, started } from './events';
@@ -67,5 +68,13 @@ describe('PhalanxModel time and memory', () => {
     model.apply({ v: 1, type: 'memory', run: 'old', ranks: [{ rank: 0, t: 1, rss_mb: 1 }] });
     expect(model.run?.times.get(1)?.slow).toContain('data');
     expect(model.run?.memory.get(0)?.rss_mb).toBe(512);
+  });
+});
+
+describe('Requests.profileNext', () => {
+  it('asks for the next run to be profiled, 5 steps unless told', () => {
+    expect(Requests.profileNext()).toEqual({ v: 1, type: 'profile_next', steps: 5 });
+    expect(Requests.profileNext(3)).toEqual({ v: 1, type: 'profile_next', steps: 3 });
+    expect(() => Requests.profileNext(0)).toThrow(SchemaError);
   });
 });

@@ -54,7 +54,10 @@ export class PhalanxPanel extends Widget {
       scale: n => this._send(Requests.scale(n)),
       stop: () => this._send(Requests.stop())
     });
-    this._run = new RunView({ stop: () => this._send(Requests.stopRun()) });
+    this._run = new RunView({
+      stop: () => this._send(Requests.stopRun()),
+      profileNext: () => this._send(Requests.profileNext())
+    });
     this._network = new NetworkView();
     this._kernelLabel = h('div', { class: 'jp-Phalanx-kernel' });
     this._status = h('span', { class: 'jp-Phalanx-status' });

@@ -12,6 +12,8 @@ import { partsBar } from './parts';
 export interface IRunActions {
   /** Stop the running run (its cell says it was stopped; the engines stay). */
   stop(): void;
+  /** Record the next run's first steps on every rank with torch.profiler (--profile). */
+  profileNext?(): void;
 }
 
 export class RunView {
@@ -32,6 +34,20 @@ export class RunView {
       this._stop.textContent = 'stopping…';
       this._actions.stop();
     };
+    this._profile = h(
+      'button',
+      {
+        class: 'jp-Phalanx-button jp-Phalanx-profileNext',
+        title: 'Profile the next run: its first 5 steps on every rank, merged into one trace',
+        'aria-label': 'profile next run'
+      },
+      'Profile next run'
+    );
+    this._profile.onclick = () => {
+      this._profileAfter = this._run?.id ?? null;
+      this._actions.profileNext?.();
+      this._showProfile();
+    };
     this._ranks = h('div', { class: 'jp-Phalanx-ranks' });
     this._metric = h('select', { class: 'jp-Phalanx-metric', 'aria-label': 'metric' });
     this._log = h('input', {
@@ -49,7 +65,7 @@ export class RunView {
     );
     this._error = h('div', { class: 'jp-Phalanx-error', role: 'alert' });
     this._section.body.append(
-      h('div', { class: 'jp-Phalanx-runControls' }, this._stop),
+      h('div', { class: 'jp-Phalanx-runControls' }, this._stop, this._profile),
       this._ranks,
       this._error,
       h(
@@ -71,6 +87,7 @@ export class RunView {
     const run = model?.connection === 'attached' ? model.run : null;
     this._run = run;
     this._showStop(run);
+    this._showProfile();
     if (!run) {
       this._section.summary.textContent = '';
       this._section.summary.title = '';
@@ -115,6 +132,16 @@ export class RunView {
     }
   }
 
+  /** Armed from the click until a newer run starts (that run is the profiled one). */
+  private _showProfile(): void {
+    if (this._profileAfter !== undefined && this._run?.id !== this._profileAfter) {
+      this._profileAfter = undefined;
+    }
+    const armed = this._profileAfter !== undefined;
+    this._profile.disabled = armed;
+    this._profile.textContent = armed ? 'next run: profiled' : 'Profile next run';
+  }
+
   private _drawChart(userChanged: boolean): void {
     const run = this._run;
     if (!run) {
@@ -152,6 +179,9 @@ export class RunView {
   private _section: ISection;
   private _stop: HTMLButtonElement;
   private _stopping: string | null = null;
+  private _profile: HTMLButtonElement;
+  /** The run shown when Profile was clicked (undefined: not armed). */
+  private _profileAfter: string | null | undefined = undefined;
   private _ranks: HTMLElement;
   private _metric: HTMLSelectElement;
   private _log: HTMLInputElement;
