@@ -59,9 +59,11 @@ class StepClock:
         self._lock = threading.Lock()
         self._part: str | None = None         # None until the first step begins
         self._since = 0.0
-        self._open = dict.fromkeys(PARTS, 0.0)   # the step in progress
-        self._parts = dict.fromkeys(PARTS, 0.0)  # completed steps (running totals)
+        # Running totals, the step in progress included; a step's end publishes a copy, so the
+        # sender only ever sees whole steps.
+        self._parts = dict.fromkeys(PARTS, 0.0)
         self._steps = 0
+        self._published: tuple[int, tuple[float, ...]] = (0, ())
         self._sent_steps = 0
         self.parts_enabled = True
 
@@ -76,14 +78,14 @@ class StepClock:
         """From now on the time is ``part``'s."""
         if self._part is not None:
             now = _now()
-            self._open[self._part] += now - self._since
+            self._parts[self._part] += now - self._since
             self._part, self._since = part, now
 
     def cut(self, part: str, began: float, ended: float) -> None:
         """``[began, ended]`` (perf_counter) was ``part``'s, inside the current part."""
         if self._part is not None and began >= self._since:
-            self._open[self._part] += began - self._since
-            self._open[part] += ended - began
+            self._parts[self._part] += began - self._since
+            self._parts[part] += ended - began
             self._since = ended
 
     def step_end(self) -> None:
@@ -91,11 +93,9 @@ class StepClock:
         if self._part is None:
             return
         self.mark("forward_s")
-        with self._lock:
-            for k, v in self._open.items():
-                self._parts[k] += v
-            self._steps += 1
-        self._open = dict.fromkeys(PARTS, 0.0)
+        self._steps += 1
+        # One assignment (atomic under the GIL) publishes the totals to the sender's thread.
+        self._published = (self._steps, tuple(self._parts.values()))
 
     # -- collectives and log() -------------------------------------------------------------------
 
@@ -120,7 +120,8 @@ class StepClock:
         """What was measured since the last call (``None`` when nothing was)."""
         with self._lock:
             calls, self._calls = self._calls, []
-            steps, parts = self._steps, dict(self._parts)
+        steps, totals = self._published
+        parts = dict(zip(PARTS, totals))
         log_s = self.log_s  # a running total, so a racing update is sent next time, not lost
         if not calls and log_s == self._sent_log_s and steps == self._sent_steps:
             return None
