@@ -156,9 +156,10 @@ def summary(p: dict, local: dict) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(__doc__, argv)
-    steps, pairs = (300, 6) if args.quick else (1000, 10)
-    print("in one process: 20 interleaved pairs", flush=True)
-    local = in_process(300, 20)
+    steps, pairs = (100, 5) if args.quick else (1000, 10)
+    local_pairs = 6 if args.quick else 20
+    print(f"in one process: {local_pairs} interleaved pairs", flush=True)
+    local = in_process(steps, local_pairs)
     local["clock"] = clock_cost()
     # What the clock adds per step against this loop's own step time (off): a ratio free of
     # the run-to-run noise of a shared machine.
