@@ -15,6 +15,7 @@ SECTIONS = [
     ("cluster_start", "bench_start.py"),
     ("inside", "bench_inside.py"),
     ("live", "bench_live.py"),
+    ("step_parts", "bench_step_parts.py"),
 ]
 
 

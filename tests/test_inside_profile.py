@@ -9,6 +9,7 @@ from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
 from conftest import run_cell
+from phalanx import events
 from phalanx.fit._profile import merge_traces
 
 LOOP = """
@@ -84,3 +85,28 @@ def test_profile_needs_a_positive_step_count(two_engines, shell, tmp_path, monke
         run_cell(shell, "%%distributed_fit --profile 0\npass\n")
     run_cell(shell, "%%distributed_fit --no-widget\n" + LOOP)  # no flag: no file, no report
     assert two_engines.last_run().profile is None and not list(tmp_path.iterdir())
+
+
+@pytest.mark.cluster
+def test_panels_profile_request_profiles_the_next_run_only(two_engines, shell, tmp_path, monkeypatch):
+    """The panel's Profile button sends ``profile_next``: the next run records 5 steps per rank
+    as ``--profile`` would, the run after it is not profiled."""
+    from phalanx._labcomm import LabComm
+
+    class Comm:  # a comm as the kernel's comm manager hands it over; nothing is sent back here
+        def send(self, data):
+            pass
+
+    monkeypatch.chdir(tmp_path)
+    lab = LabComm(two_engines, comm_manager=None, create_comm=lambda **kw: Comm())
+    lab._dispatch(Comm(), events.validate_request({"v": 1, "type": "profile_next"}))
+    with capture_output():
+        run_cell(shell, "%%distributed_fit --no-widget\n" + LOOP)
+    record = two_engines.last_run()
+    assert record.profile is not None and record.profile.steps == {0: 5, 1: 5}
+    assert len(list(tmp_path.glob("phalanx-profile-*.json"))) == 1
+    with capture_output():
+        run_cell(shell, "%%distributed_fit --no-widget\n" + LOOP)
+    assert two_engines.last_run().profile is None
+    with pytest.raises(events.SchemaError, match="steps must be at least 1"):
+        events.validate_request({"v": 1, "type": "profile_next", "steps": 0})

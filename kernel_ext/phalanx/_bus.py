@@ -29,7 +29,8 @@ Subscriber = Callable[[dict], None]
 
 # Event types whose latest value describes the current state (metrics/progress are streams and
 # are replayed from the run history instead).
-_STATE_TYPES = ("cluster", "run_started", "run_ended", "network")
+# ``time`` carries every rank's totals each time: its latest is the run's breakdown so far.
+_STATE_TYPES = ("cluster", "run_started", "run_ended", "network", "time")
 
 
 class EventBus:

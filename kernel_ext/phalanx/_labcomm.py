@@ -353,6 +353,8 @@ class LabComm:
                     self._send(comm, self._cluster_error("no run is going"))
             elif kind == "request_window":
                 self._send(comm, self.window_message(request))
+            elif kind == "profile_next":
+                self._session.profile_next_run(request.get("steps") or 5)
         except Exception as exc:  # the kernel keeps working; the panel shows why
             log.exception("phalanx: lab panel request %r failed", kind)
             self._send(comm, self._cluster_error(f"{kind} failed: {exc}"))

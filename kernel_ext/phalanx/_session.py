@@ -15,6 +15,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import html
 import logging
@@ -87,6 +88,7 @@ class Session:
         self.events = EventBus()
         self.cluster = ClusterManager(on_change=self._cluster_changed, device_lister=device_lister)
         self.fits = FitRunner(self.cluster, self.events.emit)
+        self._profile_next: int | None = None  # the panel's Profile button, for the next run
 
     # --- cluster verbs (the magic and the widgets call these) ---------------------------------
 
@@ -185,6 +187,11 @@ class Session:
         self.fits.control.request_stop(reason)
         return True
 
+    def profile_next_run(self, steps: int = 5) -> None:
+        """The next ``%%distributed_fit`` records ``steps`` steps as ``--profile steps`` would
+        (the panel's Profile button; any thread).  A cell with its own ``--profile`` keeps it."""
+        self._profile_next = int(steps)
+
     def _refuse_during_run(self, what: str) -> None:
         if self.fits.active is not None:
             raise ClusterError(f"cannot {what} while run {self.fits.active_name!r} is going; "
@@ -230,6 +237,9 @@ class Session:
             if on_start is not None:
                 on_start(*args)
 
+        pending, self._profile_next = self._profile_next, None
+        if pending and opts.profile is None:
+            opts = dataclasses.replace(opts, profile=pending)
         try:
             if self.cluster.running:
                 warn_if_world_differs(body, user_ns, opts.n or self.cluster.size)

@@ -178,7 +178,17 @@ def _check_memory(m: Mapping[str, Any]) -> None:
 
 def _check_time(m: Mapping[str, Any]) -> None:
     _per_rank(m, "time", ("collective_s", "collective_wait_s", "collective_move_s",
-                          "collectives", "log_s"))
+                          "collectives", "log_s"), ("steps", "step_s", "dominant_share"))
+    for entry in m["ranks"]:  # the step's parts, once the rank has finished a step
+        parts = entry.get("parts")
+        if parts is not None:
+            if not isinstance(parts, Mapping):
+                raise SchemaError("time: field 'parts' must be an object of part -> seconds")
+            for key in parts:
+                _need(parts, key, _NUM, "time parts")
+        for key in ("dominant", "slow"):
+            if entry.get(key) is not None:
+                _need(entry, key, str, "time")
 
 
 def _check_window(m: Mapping[str, Any], where: str) -> None:
@@ -233,12 +243,19 @@ def _check_window_request(m: Mapping[str, Any]) -> None:
                               f"{MAX_WINDOW_POINTS}, got {n}")
 
 
+def _check_profile_next(m: Mapping[str, Any]) -> None:
+    steps = m.get("steps")
+    if steps is not None and (_need(m, "steps", int, "profile_next") < 1):
+        raise SchemaError(f"profile_next: steps must be at least 1, got {steps}")
+
+
 _REQUEST_CHECKS = {
     "request_snapshot": _no_fields,
     "scale": _check_scale,
     "stop": _no_fields,
     "stop_run": _no_fields,
     "request_window": _check_window_request,
+    "profile_next": _check_profile_next,  # the next run records ``steps`` (5) steps: --profile
 }
 
 
@@ -339,7 +356,11 @@ def memory(run: str, ranks: Iterable[Mapping[str, Any]]) -> dict:
 def time_parts(run: str, ranks: Iterable[Mapping[str, Any]]) -> dict:
     """Each rank's seconds so far in phalanx collectives (``collective_s``, split into
     ``collective_wait_s`` waiting for the slowest peer and ``collective_move_s`` moving bytes;
-    ``collectives`` calls) and in ``log()`` (``log_s``); sent when they change.
+    ``collectives`` calls) and in ``log()`` (``log_s``); sent when they change.  Once a rank has
+    finished a step: ``steps``, ``step_s`` (their time) and ``parts`` (``{data, backward, wait,
+    move, optimizer, log, other}``: seconds that add up to ``step_s``), ``dominant`` (the largest
+    part) and ``dominant_share``; ``slow`` ("data & forward 61% of step time") on a rank whose own
+    work per step is well above the others'.
 
     Example::
 

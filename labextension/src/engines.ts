@@ -2,21 +2,59 @@
  * Pure rules for the Cluster section: which engine-table columns carry
  * information, and when a request the panel sent has been answered. No DOM.
  */
-import type { IClusterEvent, IEngine } from './protocol';
+import type { IClusterEvent, IEngine, IRankMemory } from './protocol';
 
-export const ENGINE_COLUMNS = ['rank', 'host', 'device', 'state', 'memory', 'step'] as const;
+export const ENGINE_COLUMNS = [
+  'rank',
+  'host',
+  'device',
+  'state',
+  'memory',
+  'gpu memory',
+  'step'
+] as const;
 export type EngineColumn = (typeof ENGINE_COLUMNS)[number];
 
 /**
- * The columns worth showing for `engines`: memory and step only when some
- * engine reports them, since a column of dashes tells a person nothing.
+ * The columns worth showing for `engines`: memory, GPU memory and step only
+ * when some engine reports them, since a column of dashes tells a person nothing.
  */
 export function engineColumns(engines: readonly IEngine[]): EngineColumn[] {
-  const reported = (key: 'memory_mb' | 'step'): boolean =>
+  const reported = (key: 'memory_mb' | 'cuda_reserved_mb' | 'step'): boolean =>
     engines.some(e => e[key] !== null && e[key] !== undefined);
   return ENGINE_COLUMNS.filter(
-    c => (c !== 'memory' || reported('memory_mb')) && (c !== 'step' || reported('step'))
+    c =>
+      (c !== 'memory' || reported('memory_mb')) &&
+      (c !== 'gpu memory' || reported('cuda_reserved_mb')) &&
+      (c !== 'step' || reported('step'))
   );
+}
+
+/**
+ * The engines with the run's live memory samples (about 1 Hz) laid over the
+ * cluster event's figures: between runs the cluster events carry memory,
+ * during a run the `memory` events do. Ranks match the engines' ranks.
+ */
+export function withLiveMemory(
+  engines: readonly IEngine[],
+  live: ReadonlyMap<number, IRankMemory> | null
+): IEngine[] {
+  if (!live || live.size === 0) {
+    return [...engines];
+  }
+  return engines.map(e => {
+    const m = live.get(e.rank);
+    if (!m) {
+      return e;
+    }
+    return {
+      ...e,
+      memory_mb: m.rss_mb ?? e.memory_mb,
+      cuda_allocated_mb: m.cuda_allocated_mb ?? e.cuda_allocated_mb,
+      cuda_reserved_mb: m.cuda_reserved_mb ?? e.cuda_reserved_mb,
+      cuda_peak_mb: m.cuda_peak_mb ?? e.cuda_peak_mb
+    };
+  });
 }
 
 /**

@@ -9,7 +9,9 @@ import { MetricHistory } from './history';
 import {
   IClusterEvent,
   INetworkEvent,
+  IRankMemory,
   IRankProgress,
+  IRankTime,
   MAX_WINDOW_POINTS,
   PhalanxEvent,
   RunStatus,
@@ -49,6 +51,10 @@ export interface IRunState {
   readonly history: MetricHistory;
   /** The last step window the kernel sent at full resolution (a zoomed chart), or null. */
   readonly window: IHistoryWindow | null;
+  /** Latest time breakdown per rank (step parts, collectives), by rank. */
+  readonly times: ReadonlyMap<number, IRankTime>;
+  /** Latest memory sample per rank (RSS, CUDA), by rank. */
+  readonly memory: ReadonlyMap<number, IRankMemory>;
 }
 
 /** Rows of one step window, as the kernel answered a zoomed chart. */
@@ -180,6 +186,18 @@ export class PhalanxModel {
         }
         return;
       }
+      case 'time':
+      case 'memory': {
+        const run = this._runFor(event.run);
+        if (run) {
+          const store = event.type === 'time' ? run.times : run.memory;
+          for (const entry of event.ranks) {
+            (store as Map<number, typeof entry>).set(entry.rank, entry);
+          }
+          this._changed.emit('run');
+        }
+        return;
+      }
       case 'run_ended': {
         const run = this._runFor(event.run);
         if (run) {
@@ -226,7 +244,9 @@ export class PhalanxModel {
       error: null,
       ranks: new Map(),
       history: new MetricHistory(info.worldSize),
-      window: null
+      window: null,
+      times: new Map(),
+      memory: new Map()
     };
     return this._run;
   }
@@ -254,8 +274,10 @@ export class PhalanxModel {
 
 type Mutable<T> = { -readonly [K in keyof T]: T[K] };
 
-interface IMutableRun extends Mutable<Omit<IRunState, 'ranks'>> {
+interface IMutableRun extends Mutable<Omit<IRunState, 'ranks' | 'times' | 'memory'>> {
   ranks: Map<number, IRankState>;
+  times: Map<number, IRankTime>;
+  memory: Map<number, IRankMemory>;
 }
 
 function rankState(p: IRankProgress): IRankState {

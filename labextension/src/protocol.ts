@@ -141,6 +141,14 @@ export interface IRankTime {
   collective_move_s: number;
   collectives: number;
   log_s: number;
+  /** Once the rank finished a step: steps, their seconds, and parts adding up to them. */
+  steps?: number | null;
+  step_s?: number | null;
+  parts?: Record<string, number> | null;
+  dominant?: string | null;
+  dominant_share?: number | null;
+  /** Set on a rank whose own work per step is well above the others': "data & forward 61% of step time". */
+  slow?: string | null;
 }
 
 /** Each rank's time parts, sent when they change during a run. */
@@ -183,7 +191,8 @@ export type PhalanxRequest =
       start: number;
       end: number;
       max_points?: number;
-    };
+    }
+  | { v: number; type: 'profile_next'; steps?: number };
 
 /** The most points per line a zoomed chart may ask for (as in events.py). */
 export const MAX_WINDOW_POINTS = 100_000;
@@ -392,13 +401,25 @@ function checkMemory(m: Obj): void {
 }
 
 function checkTime(m: Obj): void {
-  checkPerRank(m, 'time', [
-    'collective_s',
-    'collective_wait_s',
-    'collective_move_s',
-    'collectives',
-    'log_s'
-  ]);
+  checkPerRank(
+    m,
+    'time',
+    ['collective_s', 'collective_wait_s', 'collective_move_s', 'collectives', 'log_s'],
+    ['steps', 'step_s', 'dominant_share']
+  );
+  for (const entry of entries(m, 'ranks', 'time')) {
+    const parts = entry.parts;
+    if (parts !== undefined && parts !== null) {
+      if (typeof parts !== 'object' || Array.isArray(parts)) {
+        throw new SchemaError("time: field 'parts' must be an object of part -> seconds");
+      }
+      for (const key of Object.keys(parts as Obj)) {
+        need(parts as Obj, key, 'number', 'time parts');
+      }
+    }
+    optional(entry, 'dominant', 'string', 'time');
+    optional(entry, 'slow', 'string', 'time');
+  }
 }
 
 const EVENT_CHECKS: Record<PhalanxEvent['type'], (m: Obj) => void> = {
@@ -424,7 +445,15 @@ const REQUEST_CHECKS: Record<PhalanxRequest['type'], (m: Obj) => void> = {
   },
   stop: () => undefined,
   stop_run: () => undefined,
-  request_window: checkWindowRequest
+  request_window: checkWindowRequest,
+  profile_next: m => {
+    if (m.steps !== undefined && m.steps !== null) {
+      const steps = need(m, 'steps', 'int', 'profile_next') as number;
+      if (steps < 1) {
+        throw new SchemaError(`profile_next: steps must be at least 1, got ${steps}`);
+      }
+    }
+  }
 };
 
 function validate<T>(msg: unknown, checks: Record<string, (m: Obj) => void>, kind: string): T {
@@ -494,5 +523,10 @@ export namespace Requests {
       end,
       ...(maxPoints === undefined ? {} : { max_points: maxPoints })
     });
+  }
+
+  /** Record the next run's first `steps` optimizer steps on every rank (--profile). */
+  export function profileNext(steps = 5): PhalanxRequest {
+    return validateRequest({ v: SCHEMA_VERSION, type: 'profile_next', steps });
   }
 }

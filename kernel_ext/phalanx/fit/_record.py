@@ -85,14 +85,26 @@ class RunRecord:
         return "\n".join(lines)
 
     def time_lines(self) -> dict[int, str]:
-        """Where each rank's time went in collectives and log(), where there was any."""
+        """Where each rank's time went: its step parts, collectives and log(), where there was any."""
+        from ._step_parts import breakdown_text
+
         out = {}
         for rank, t in sorted(self.timing.items()):
+            said = []
+            if t.get("step_s"):
+                said.append(breakdown_text(t) + (f" (slow: {t['slow']})" if t.get("slow") else ""))
             if t.get("collectives") or t.get("log_s"):
-                out[rank] = (f"{t['collective_s']:.3f} s in {int(t['collectives'])} collective(s) "
-                             f"(waiting for the slowest peer {t['collective_wait_s']:.3f} s, moving "
-                             f"bytes {t['collective_move_s']:.3f} s), {t['log_s']:.3f} s in log()")
+                said.append(f"{t['collective_s']:.3f} s in {int(t['collectives'])} collective(s) "
+                            f"(waiting for the slowest peer {t['collective_wait_s']:.3f} s, moving "
+                            f"bytes {t['collective_move_s']:.3f} s), {t['log_s']:.3f} s in log()")
+            if said:
+                out[rank] = "; ".join(said)
         return out
+
+    def slow_ranks(self) -> dict[int, str]:
+        """The ranks whose own work per step was well above the others', with the part that made
+        them slow: ``{1: "data & forward 61% of step time"}``."""
+        return {r: t["slow"] for r, t in sorted(self.timing.items()) if t.get("slow")}
 
     def _repr_html_(self) -> str:
         rows = self.summary_rows()

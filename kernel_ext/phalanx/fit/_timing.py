@@ -21,6 +21,8 @@ from __future__ import annotations
 import threading
 from typing import Any, Mapping
 
+from ._step_parts import step_breakdown, mark_slow
+
 _PARTS = ("collective_s", "collective_wait_s", "collective_move_s", "collectives", "log_s")
 
 
@@ -31,6 +33,7 @@ class CollectiveTimes:
         self.world_size = world_size
         self._pending: dict[int, dict[int, tuple[float, float]]] = {}
         self._totals = {r: dict.fromkeys(_PARTS, 0.0) for r in range(world_size)}
+        self._steps: dict[int, dict[str, float]] = {}  # each rank's step parts (running totals)
         self._changed = False
         self._lock = threading.Lock()
 
@@ -41,6 +44,10 @@ class CollectiveTimes:
             log_s = float(timing.get("log_s") or 0.0)
             self._changed |= log_s > totals["log_s"]
             totals["log_s"] = max(totals["log_s"], log_s)
+            parts = timing.get("parts")
+            if parts and parts.get("steps", 0) > self._steps.get(rank, {}).get("steps", 0):
+                self._steps[rank] = {k: float(v) for k, v in parts.items()}
+                self._changed = True
             for seq, start, took in timing.get("collectives") or []:
                 calls = self._pending.setdefault(int(seq), {})
                 calls[rank] = (float(start), float(took))
@@ -58,10 +65,17 @@ class CollectiveTimes:
             totals["collective_move_s"] += took - wait
             totals["collectives"] += 1
 
-    def totals(self) -> dict[int, dict[str, float]]:
-        """Per rank: seconds in collectives (waiting, moving), calls settled, seconds in log()."""
+    def totals(self) -> dict[int, dict]:
+        """Per rank: seconds in collectives (waiting, moving), calls settled, seconds in log();
+        with the step's parts (``parts``, ``step_s``, ``steps``) and the slow mark (``slow``)
+        once a rank has finished a step."""
         with self._lock:
-            return {r: dict(t) for r, t in self._totals.items()}
+            out: dict[int, dict] = {r: dict(t) for r, t in self._totals.items()}
+            for rank, parts in self._steps.items():
+                out.setdefault(rank, dict.fromkeys(_PARTS, 0.0)).update(
+                    step_breakdown(parts, out.get(rank, {})))
+        mark_slow(out)
+        return out
 
     def take_changed(self) -> list[dict] | None:
         """Every rank's totals (``time`` event entries) if they changed since the last call."""
@@ -69,10 +83,11 @@ class CollectiveTimes:
             if not self._changed:
                 return None
             self._changed = False
-            return [{"rank": r, **t} for r, t in sorted(self._totals.items())]
+        return [{"rank": r, **t} for r, t in sorted(self.totals().items())]
 
     def rewind(self, world_size: int) -> None:
         """A new attempt numbers its calls from 0 again: drop unsettled ones, keep the totals."""
         with self._lock:
             self.world_size = world_size
             self._pending.clear()
+            self._steps.clear()  # the new attempt's engines count their steps from the start

@@ -77,7 +77,7 @@ def log(**metrics: object) -> None:
     run.metrics.record(step, metrics)
     clock = getattr(run.metrics, "clock", None)
     if clock is not None:
-        clock.log_s += _perf_counter() - began
+        clock.logged(began, _perf_counter())
 
 
 def latest_metrics() -> dict[str, float]:

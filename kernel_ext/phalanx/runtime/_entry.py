@@ -179,6 +179,8 @@ def _new_run(spec: dict, group: Any, namespace: dict) -> RunContext:
     run.metrics = MetricsSender(spec["metrics_address"], spec["run_id"], spec["rank"],
                                 spec.get("metrics_token", ""), spec.get("memory_interval_s", 1.0))
     run.collectives.clock = run.metrics.clock
+    # The step's parts cost a few clock reads per step; PHALANX_STEP_PARTS=0 turns them off.
+    run.metrics.clock.parts_enabled = os.environ.get("PHALANX_STEP_PARTS", "1") != "0"
     return run
 
 

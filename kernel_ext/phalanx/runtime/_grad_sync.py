@@ -51,6 +51,7 @@ class GradientSync:
         self._modules: list = []                   # modules with buffers, in first-forward order
         self._module_ids: set[int] = set()
         join.param_count = lambda: len(self._layout_params())
+        self._clock = getattr(run.metrics, "clock", None)  # a StepClock, where the run has one
 
     def track(self, optimizer: Any, strategy: Any) -> None:
         """Average ``optimizer``'s gradients through ``strategy`` at the end of each backward."""
@@ -112,6 +113,8 @@ class GradientSync:
         if self._queued_for == task or id(param) in self._suppressed:
             return
         self._queued_for = task
+        if self._clock is not None:
+            self._clock.mark("backward_s")  # the step clock: backward starts about now
         Variable._execution_engine.queue_callback(self._end_of_backward)
 
     def _end_of_backward(self) -> None:
@@ -119,6 +122,8 @@ class GradientSync:
             self._average(shadow=False)
         finally:
             self._queued_for = None
+            if self._clock is not None:
+                self._clock.mark("other_s")  # between backward and the optimizer step
 
     def shadow(self) -> None:
         """A finished rank's part in another rank's gradient round: zeros, results dropped."""

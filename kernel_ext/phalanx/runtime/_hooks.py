@@ -98,8 +98,10 @@ class StepHooks:
             self.grads.track(optimizer, strategy)
         if self._primary is None:
             self._primary = key
+            _clock(self.run, "begin")  # the first step's time starts once there is an optimizer
 
     def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        _clock(self.run, "mark", "optimizer_s")
         if id(optimizer) not in self.run.strategies:
             self.attach(optimizer)  # created outside the hooks' reach
         strategy = self.run.strategies[id(optimizer)]
@@ -121,6 +123,16 @@ class StepHooks:
             run.steps += 1
             if run.metrics is not None:
                 run.metrics.set_step(run.steps)
+            _clock(run, "step_end")
+        else:
+            _clock(run, "mark", "other_s")
+
+
+def _clock(run: RunContext, method: str, *args: str) -> None:
+    """Move the run's step clock on (``runtime/_timing.py``), where the run has one."""
+    clock = getattr(run.metrics, "clock", None)
+    if clock is not None:
+        getattr(clock, method)(*args)
 
 
 def after_step_kind(run: RunContext, strategy: Any) -> int:

@@ -16,6 +16,7 @@ import html
 from typing import Any, Mapping
 
 from ._format import DOT, bar_range, memory_text, rank_text, time_text
+from ._parts_bar import parts_bar_html
 
 _STRAGGLER = '<span style="color:#c75000;font-weight:bold">⚠</span> '
 _FINAL_STYLE = {"done": "success", "failed": "danger", "timeout": "danger", "interrupted": "warning"}
@@ -100,4 +101,5 @@ class ProgressPanel:
                 times: Mapping[str, Any] | None = None) -> str:
         extra = [t for t in (memory_text(memory), time_text(times)) if t]
         text = html.escape(DOT.join([rank_text(p), *extra]))
-        return (_STRAGGLER if p.get("straggler") else "") + f"<small>{text}</small>"
+        return ((_STRAGGLER if p.get("straggler") else "") + f"<small>{text}</small>"
+                + parts_bar_html(times))

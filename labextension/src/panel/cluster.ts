@@ -4,7 +4,7 @@
  * never interrupted by a live update. After +, − or Stop the section says
  * what it waits for until the kernel answers (starting engines takes a while).
  */
-import { EngineColumn, engineColumns, PendingRequest } from '../engines';
+import { EngineColumn, engineColumns, PendingRequest, withLiveMemory } from '../engines';
 import * as fmt from '../format';
 import { PhalanxModel } from '../model';
 import { IClusterEvent, IEngine } from '../protocol';
@@ -88,7 +88,8 @@ export class ClusterView {
       return;
     }
     showEmpty(this._section, null);
-    const engines = [...cluster.engines].sort((a, b) => a.rank - b.rank);
+    const live = model?.run?.status === 'running' ? model.run.memory : null;
+    const engines = withLiveMemory(cluster.engines, live).sort((a, b) => a.rank - b.rank);
     const columns = engineColumns(engines);
     replaceChildren(this._head, ...columns.map(c => h('th', {}, c)));
     replaceChildren(
@@ -181,7 +182,20 @@ function engineCell(e: IEngine, column: EngineColumn): HTMLTableCellElement {
         h('span', { class: `jp-Phalanx-state jp-Phalanx-engine-${e.state}` }, e.state)
       );
     case 'memory':
-      return h('td', {}, fmt.memory(e.memory_mb));
+      return h(
+        'td',
+        { class: 'jp-Phalanx-rss', title: 'resident memory (RSS)' },
+        fmt.memory(e.memory_mb)
+      );
+    case 'gpu memory':
+      return h(
+        'td',
+        {
+          class: 'jp-Phalanx-cuda',
+          title: `CUDA allocated / reserved, peak ${fmt.memory(e.cuda_peak_mb)}`
+        },
+        `${fmt.memory(e.cuda_allocated_mb)} / ${fmt.memory(e.cuda_reserved_mb)}`
+      );
     case 'step':
       return h('td', {}, e.step === null || e.step === undefined ? '–' : String(e.step));
   }

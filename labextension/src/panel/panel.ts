@@ -58,7 +58,8 @@ export class PhalanxPanel extends Widget {
     });
     this._run = new RunView({
       stop: () => this._send(Requests.stopRun()),
-      window: (run, start, end) => this._send(Requests.window(run, start, end, WINDOW_POINTS))
+      window: (run, start, end) => this._send(Requests.window(run, start, end, WINDOW_POINTS)),
+      profileNext: () => this._send(Requests.profileNext())
     });
     this._network = new NetworkView();
     this._kernelLabel = h('div', { class: 'jp-Phalanx-kernel' });
@@ -142,7 +143,8 @@ export class PhalanxPanel extends Widget {
     this._hint.hidden = connection === 'attached';
     this._status.dataset.state = running ? 'busy' : connection;
     this.node.dataset.connection = connection;
-    if (dirty.has('connection') || dirty.has('cluster')) {
+    if (dirty.has('connection') || dirty.has('cluster') || dirty.has('run')) {
+      // (a run's live memory samples fill the cluster table's memory columns)
       this._cluster.update(model);
     }
     if (dirty.has('connection') || dirty.has('run') || dirty.has('metrics')) {

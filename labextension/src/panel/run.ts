@@ -7,12 +7,15 @@ import * as fmt from '../format';
 import { IRankState, IRunState, PhalanxModel } from '../model';
 import { LossChart, rankColor } from './chart';
 import { h, ISection, replaceChildren, section, showEmpty } from './dom';
+import { partsBar } from './parts';
 
 export interface IRunActions {
   /** Stop the running run (its cell says it was stopped; the engines stay). */
   stop(): void;
   /** Ask the kernel for `run`'s rows in a step window (a zoomed chart). */
   window?(run: string, start: number, end: number): void;
+  /** Record the next run's first steps on every rank with torch.profiler (--profile). */
+  profileNext?(): void;
 }
 
 export class RunView {
@@ -32,6 +35,20 @@ export class RunView {
       this._stop.disabled = true;
       this._stop.textContent = 'stopping…';
       this._actions.stop();
+    };
+    this._profile = h(
+      'button',
+      {
+        class: 'jp-Phalanx-button jp-Phalanx-profileNext',
+        title: 'Profile the next run: its first 5 steps on every rank, merged into one trace',
+        'aria-label': 'profile next run'
+      },
+      'Profile next run'
+    );
+    this._profile.onclick = () => {
+      this._profileAfter = this._run?.id ?? null;
+      this._actions.profileNext?.();
+      this._showProfile();
     };
     this._ranks = h('div', { class: 'jp-Phalanx-ranks' });
     this._metric = h('select', { class: 'jp-Phalanx-metric', 'aria-label': 'metric' });
@@ -54,7 +71,7 @@ export class RunView {
     );
     this._error = h('div', { class: 'jp-Phalanx-error', role: 'alert' });
     this._section.body.append(
-      h('div', { class: 'jp-Phalanx-runControls' }, this._stop),
+      h('div', { class: 'jp-Phalanx-runControls' }, this._stop, this._profile),
       this._ranks,
       this._error,
       h(
@@ -76,6 +93,7 @@ export class RunView {
     const run = model?.connection === 'attached' ? model.run : null;
     this._run = run;
     this._showStop(run);
+    this._showProfile();
     if (!run) {
       this._section.summary.textContent = '';
       this._section.summary.title = '';
@@ -120,6 +138,16 @@ export class RunView {
     }
   }
 
+  /** Armed from the click until a newer run starts (that run is the profiled one). */
+  private _showProfile(): void {
+    if (this._profileAfter !== undefined && this._run?.id !== this._profileAfter) {
+      this._profileAfter = undefined;
+    }
+    const armed = this._profileAfter !== undefined;
+    this._profile.disabled = armed;
+    this._profile.textContent = armed ? 'next run: profiled' : 'Profile next run';
+  }
+
   private _drawChart(userChanged: boolean): void {
     const run = this._run;
     if (!run) {
@@ -157,6 +185,9 @@ export class RunView {
   private _section: ISection;
   private _stop: HTMLButtonElement;
   private _stopping: string | null = null;
+  private _profile: HTMLButtonElement;
+  /** The run shown when Profile was clicked (undefined: not armed). */
+  private _profileAfter: string | null | undefined = undefined;
   private _ranks: HTMLElement;
   private _metric: HTMLSelectElement;
   private _log: HTMLInputElement;
@@ -204,7 +235,8 @@ function rankRow(r: IRankState, run: IRunState): HTMLElement {
           { class: 'jp-Phalanx-straggler', title: 'more than 20% behind the median rank' },
           'straggler'
         )
-      : null
+      : null,
+    partsBar(run.times.get(r.rank))
   );
 }
 
