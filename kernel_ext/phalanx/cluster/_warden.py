@@ -236,8 +236,11 @@ def _remove_kernel_temp(tmp: str) -> None:
 
 
 def _report(text: str) -> None:
-    sys.stderr.write(f"phalanx: {text}\n")
-    sys.stderr.flush()
+    try:
+        sys.stderr.write(f"phalanx: {text}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):  # the kernel's log may have gone with it: clean up anyway
+        pass
 
 
 class _Orders:
