@@ -1,14 +1,16 @@
 """No leaks across kernel lifetimes (issue 12): one real kernel (jupyter_client) restarted ten
 times with phalanx loaded, a cluster started and runs done in some lifetimes, ended in every way
 a kernel ends - a restart request, SIGTERM, SIGKILL.  Afterwards nothing of any lifetime is left:
-no file or directory in the kernels' temporary directory, no shared-memory segment of their runs,
-no process.
+no file or directory in the kernels' temporary directory (torch's per-user compile cache aside),
+no shared-memory segment of their runs, no process.
 """
 
 from __future__ import annotations
 
+import getpass
 import os
 import signal
+import struct
 import time
 
 import psutil
@@ -46,13 +48,12 @@ def test_ten_kernel_lifetimes_leave_nothing_behind(tmp_path, figures):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     km, client = _start_kernel({"TMPDIR": str(tmp)})  # everything temporary lands in tmp
-    runner_ids, processes = [], []
+    processes: list = []
     started = time.monotonic()
     try:
         for lifetime in range(LIFETIMES):
             work, how = PLAN.get(lifetime, ("", "restart"))
             execute(client, "%load_ext phalanx\nfrom phalanx import get_session\n")
-            runner_ids.append(execute(client, "print(get_session().fits._id)").strip())
             if work:
                 execute(client, "%cluster start -n 2 --gpus none\n")
                 execute(client, RUN)
@@ -70,7 +71,24 @@ def test_ten_kernel_lifetimes_leave_nothing_behind(tmp_path, figures):
     figures["12_kernel_lifetimes"] = LIFETIMES
     figures["12_kernel_lifetimes_s"] = round(time.monotonic() - started, 1)
     assert not alive(left), [" ".join(p.cmdline()[:3]) for p in left if p.is_running()]
-    leftovers = sorted(os.listdir(tmp))
+    # torch's per-user compile cache (made when an engine's warm-up imports torch._dynamo) is
+    # shared by every process of the user and meant to outlive them: not a kernel's leftover
+    cache = f"torchinductor_{getpass.getuser()}"
+    leftovers = sorted(n for n in os.listdir(tmp) if n != cache)
     assert leftovers == [], leftovers
-    segments = [n for n in os.listdir("/dev/shm") if any(f"phx-{r}-" in n for r in runner_ids)]
-    assert segments == []
+    assert _segments_of({p.pid for p in processes}) == []
+
+
+def _segments_of(pids: set[int]) -> list[str]:
+    """phalanx's shared-memory segments created by one of ``pids`` (the creator's pid is the
+    second word of a segment's header)."""
+    found = []
+    for name in os.listdir("/dev/shm"):
+        try:
+            with open(f"/dev/shm/{name}", "rb") as f:
+                header = f.read(16)
+        except OSError:
+            continue  # unlinked meanwhile, or another user's
+        if name.startswith("phx_") and len(header) == 16 and struct.unpack("qq", header)[1] in pids:
+            found.append(name)
+    return found

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import psutil
 
@@ -40,6 +41,22 @@ def test_only_directories_of_gone_processes_are_reaped(tmp_path):
     reaped = sorted(os.path.basename(p) for p in reap_orphans(str(tmp_path)))
     assert reaped == sorted([names["dead"], names["reused"]])
     assert sorted(os.listdir(tmp_path)) == sorted([names["mine"], names["other"]])
+
+
+def test_a_killed_kernel_not_yet_reaped_by_its_parent_counts_as_gone(tmp_path):
+    zombie = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        proc = psutil.Process(zombie.pid)
+        name = f"phalanx-{zombie.pid}-{int(proc.create_time())}-rdzv-z"
+        (tmp_path / name).mkdir()
+        zombie.kill()  # not waited for: a zombie until its parent (this test) reaps it
+        deadline = time.monotonic() + 30
+        while proc.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [os.path.basename(p) for p in reap_orphans(str(tmp_path))] == [name]
+    finally:
+        zombie.kill()
+        zombie.wait()
 
 
 def _child(tmp_path, tail: str) -> subprocess.Popen:

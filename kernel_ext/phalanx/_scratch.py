@@ -3,9 +3,10 @@
 A :class:`ScratchDir` is made on first use as ``$TMPDIR/phalanx-<pid>-<start>-<tag>-<random>``
 (mode 0700).  It is removed by :meth:`ScratchDir.remove` (``%unload_ext``), at interpreter exit
 (a kernel shutdown or restart request) and on SIGTERM (what a kernel manager sends a kernel that
-is slow to stop).  A kernel killed outright (SIGKILL) can clean nothing: the next phalanx
-session on the machine removes every such directory whose process is gone - the pid no longer
-exists, or belongs to a process started at another time.
+is slow to stop).  A kernel killed outright (SIGKILL) can clean nothing: its cluster's watchdog
+process (:mod:`phalanx.cluster._warden`) removes them, and otherwise the next phalanx session on
+the machine removes every such directory whose process is gone - the pid no longer exists, is a
+zombie, or belongs to a process started at another time.
 
 Example::
 
@@ -93,7 +94,10 @@ def reap_orphans(root: str | None = None) -> list[str]:
 
 def _alive(pid: int, started: int) -> bool:
     try:
-        return abs(_started(pid) - started) <= 1  # rounding of the start time, not pid reuse
+        proc = psutil.Process(pid)
+        # a killed kernel stays a zombie until its parent reaps it: it is gone all the same
+        return (abs(int(proc.create_time()) - started) <= 1  # rounding, not pid reuse
+                and proc.status() != psutil.STATUS_ZOMBIE)
     except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
         return False
 

@@ -36,6 +36,7 @@ from ._ranks import EngineSlot, RankTable
 from ._reporting import AdoptionMixin, StatusMixin
 from ._registration import await_registration, pin_group
 from ._supervise import command as supervised, parent_env
+from ._warden import Warden, launched_processes
 
 log = logging.getLogger("phalanx")
 
@@ -45,7 +46,8 @@ _CONTROLLER_ARGS = ["--HeartMonitor.period=1000", "--HeartMonitor.max_heartmonit
 _ENGINE_ARGS = ["--IPEngine.max_heartbeat_misses=10"]
 # The controller and engines on this host run under phalanx's supervisor (cluster/_supervise.py):
 # a private umask (connection files are owner-only from the moment they exist) and a watchdog
-# that stops them when the kernel is gone.
+# that stops them when the kernel is gone.  A watchdog process per cluster (cluster/_warden.py)
+# ends what those cannot (a dead controller's schedulers, a stopped engine) and the kernel's files.
 
 
 class ClusterManager(StatusMixin, AdoptionMixin):
@@ -63,6 +65,7 @@ class ClusterManager(StatusMixin, AdoptionMixin):
         self.max_engines = max_engines or int(os.environ.get("PHALANX_MAX_ENGINES", "64"))
         self._lock = threading.RLock()
         self._runner: LoopThread | None = None
+        self._warden: Warden | None = None
         self._cluster: Any = None
         self.client: Any = None
         self.launcher = "local"
@@ -136,6 +139,7 @@ class ClusterManager(StatusMixin, AdoptionMixin):
         self.gpu_spec, self._gpus, self.timeout = spec, local_gpus, timeout
         self.launcher, self._launcher = chosen.name, chosen
         self._runner = LoopThread()
+        self._warden = Warden.start()
         try:
             self._runner.run(self._start_controller(profile), timeout + 30)
             self._add_engines(count)
@@ -166,6 +170,7 @@ class ClusterManager(StatusMixin, AdoptionMixin):
             self.controller_ip)
         await cluster.start_controller(controller_cmd=supervised("ipyparallel.controller"),
                                        environment=parent_env())
+        self._warden.watch(launched_processes(cluster.controller))
         cluster.controller.on_stop(self._controller_stopped)
         self.client = await cluster.connect_client()
 
@@ -182,8 +187,8 @@ class ClusterManager(StatusMixin, AdoptionMixin):
             asked = [s.engine_id for s in self._slots.values() if self._ask_to_exit(s)]
             for slot in self._slots.values():
                 slot.state = "stopping"
-        cluster, client, runner = self._cluster, self.client, self._runner
-        self._cluster = self.client = self._runner = None
+        cluster, client, runner, warden = self._cluster, self.client, self._runner, self._warden
+        self._cluster = self.client = self._runner = self._warden = None
         sets = list(cluster.engines.values()) if cluster is not None else []
         try:
             left = True
@@ -202,6 +207,8 @@ class ClusterManager(StatusMixin, AdoptionMixin):
         finally:
             kill_leftovers(pids)
             self._await_gone(sets)
+            if warden is not None:  # it ends what the stop left (a dead controller's schedulers)
+                warden.close()
             if runner is not None:
                 runner.close()
             with self._lock:
@@ -369,6 +376,8 @@ class ClusterManager(StatusMixin, AdoptionMixin):
         except subprocess.CalledProcessError as exc:  # a batch system refused the job
             self._cluster.engines.pop(set_id, None)
             raise self._launcher.submit_error(exc) from None
+        if self._launcher.engines_here:
+            self._warden.watch(launched_processes(self._cluster.engines[set_id]))
         self._cluster.engines[set_id].on_stop(lambda data, s=set_id: self._set_stopped(s, data))
 
     def _controller_stopped(self, data: dict | None) -> None:
