@@ -139,6 +139,9 @@ class Chaos:
     # --- lifecycle --------------------------------------------------------------------------
 
     def start(self) -> None:
+        # The interrupt fault signals this process as a kernel interrupt would: make sure SIGINT
+        # is not ignored (a runner started in the background inherits it ignored).
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         if self.session.cluster.running:
             self.session.stop_cluster()
         self._saved_tmpdir = os.environ.get("TMPDIR")

@@ -7,8 +7,16 @@ finalizer and checks that no engine process survives.
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
+
+# Ctrl-C raises KeyboardInterrupt here however pytest was started.  A shell that runs a command in
+# the background (`make test &`, nohup, some CI runners) starts it with SIGINT ignored, and Python
+# then installs no handler: the tests that interrupt a run (as a person does with the kernel's
+# interrupt) would wait for a signal that never lands.  A handled signal is also reset to its
+# default in every child at exec, so the servers and kernels the tests start take SIGINT too.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")

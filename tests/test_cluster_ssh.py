@@ -217,6 +217,18 @@ def test_a_refused_key_fails_the_start_naming_the_host(session, shell, hosts):
     assert not session.cluster.running and not _remote_engine_pids()
 
 
+def test_gpus_a_host_does_not_have_are_refused_naming_it(session, shell, hosts):
+    # The second host has no GPU: asking for device 0 there is refused once its engine said
+    # what it has, and the engine started there does not stay behind.
+    with pytest.raises(UsageError) as caught:
+        shell.run_line_magic("cluster", f"start --launcher ssh --hosts {THERE}:1 --gpus 0 "
+                                        f"--timeout 120 --profile {hosts}")
+    message = str(caught.value)
+    assert "--gpus asks for device(s) 0 but host" in message and "has: none" in message, message
+    assert not session.cluster.running
+    wait_for(lambda: not _remote_engine_pids(), 60, what="the refused host's engine gone")
+
+
 def test_hosts_that_cannot_be_read_are_refused(session, shell):
     with pytest.raises(UsageError, match="cannot read 'a:x' in --hosts"):
         shell.run_line_magic("cluster", "start --launcher ssh --hosts a:x --gpus none")

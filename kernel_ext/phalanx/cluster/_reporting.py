@@ -17,11 +17,14 @@ class StatusMixin:
 
     def process_ids(self) -> dict[str, list[int]]:
         """Local processes of the cluster: the controller's and the engines', with children
-        (the controller's schedulers, each engine's nanny).  For audits and leak checks."""
+        (the controller's schedulers, each engine's nanny), and its watchdog.  For audits and
+        leak checks."""
         import psutil
 
+        warden = getattr(self, "_warden", None)
         roots: dict[str, list[int]] = {"controller": [],
-                                       "engines": [s.pid for s in self.slots() if s.pid]}
+                                       "engines": [s.pid for s in self.slots() if s.pid],
+                                       "warden": [warden.pid] if warden and warden.pid else []}
         controller = getattr(self._cluster, "controller", None) if self._cluster else None
         if controller is not None and getattr(controller, "pid", None):
             roots["controller"] = [controller.pid]
