@@ -52,7 +52,7 @@ def _switch_to(page, name: str) -> None:
                      const k = w && w.context && w.context.path === name && w.sessionContext
                                && w.sessionContext.session && w.sessionContext.session.kernel;
                      return k && k.connectionStatus === 'connected'; }""", arg=name,
-        timeout=60_000)
+        timeout=150_000)  # a reload on a busy 2-core machine: JupyterLab itself takes tens of seconds
 
 
 def _shows(page, panel, notebook: str, run: str, timeout_s: float = 60) -> None:
