@@ -16,6 +16,7 @@ SECTIONS = [
     ("inside", "bench_inside.py"),
     ("live", "bench_live.py"),
     ("step_parts", "bench_step_parts.py"),
+    ("gpu", "bench_gpu.py"),  # records "skipped" where there is no CUDA device
 ]
 
 

@@ -18,6 +18,7 @@ import traceback
 from typing import Any
 
 from ._hooks import finish_uneven
+from ._memory import collect_cuda_garbage
 from ._resume import StopForResize, make_checkpointer
 from ._state import RunContext, engine_state
 
@@ -49,6 +50,7 @@ def run_cell(spec: dict, shard_blob: bytes | None) -> dict:
     run = None
     hooks = None
     profiler = None
+    namespace = None
     try:
         namespace = _namespace(spec, shard_blob)
         group = _ensure_group(state, spec)
@@ -96,6 +98,14 @@ def run_cell(spec: dict, shard_blob: bytes | None) -> dict:
         if run is not None and run.metrics is not None:
             _shielded(run.metrics.close)
         state.run = None
+        # Each run has a namespace of its own: once the result is packed, nothing of the cell
+        # is needed here.  A cell's functions and torch's optimizers hold reference cycles, so
+        # what it built would stay on the GPU (into the next run, doubling its peak) until
+        # Python's cycle collector ran: drop our references and collect now where it matters.
+        if run is not None:
+            run.namespace, run.tracked, run.strategies, run.grad_sync = {}, [], {}, None
+        run = hooks = profiler = namespace = None
+        _shielded(collect_cuda_garbage)
 
 
 def _progress(run: RunContext | None) -> dict:
