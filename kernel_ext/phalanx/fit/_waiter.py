@@ -12,6 +12,7 @@ needing ``%cluster restart`` (automatic with ``--max-restarts``).
 
 from __future__ import annotations
 
+import concurrent.futures
 import signal
 import time
 from typing import Any
@@ -64,7 +65,7 @@ class Waiter:
                     self._abandon(pending, results)
                 self.output.flush()
                 self.pump()
-                time.sleep(POLL_S)
+                self._nap(pending)
             except KeyboardInterrupt:
                 if interrupted:
                     raise
@@ -75,6 +76,16 @@ class Waiter:
         if status == "done" and any(r.get("resized") for r in results.values()):
             status = "resized"
         return status
+
+    def _nap(self, pending: set[int]) -> None:
+        """Sleep up to POLL_S, woken as soon as a pending rank's result arrives (ipyparallel's
+        results are futures), so a run's end costs no polling delay."""
+        waiting = [self.ars[r] for r in pending if not self.ars[r].done()]
+        if waiting:
+            concurrent.futures.wait(waiting, timeout=POLL_S,
+                                    return_when=concurrent.futures.FIRST_COMPLETED)
+        else:
+            time.sleep(POLL_S)
 
     def _should_release(self, failed: list[dict], pending: set[int], failed_at: float) -> bool:
         # A rank released by a peer's failure reports a collective error; the peer that failed
