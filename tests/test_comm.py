@@ -198,7 +198,7 @@ def test_backoff_expires():
 
 
 @pytest.mark.parametrize("module", ["_comm", "_comm_util", "_shm_layout", "_shm_segment",
-                                    "_shm_futex"])
+                                    "_shm_futex", "_threads"])
 def test_docstring_examples_run(module):
     import doctest
     import importlib

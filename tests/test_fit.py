@@ -334,3 +334,20 @@ def test_large_objects_get_a_warning_naming_them(fit, shell, monkeypatch):
     run_cell(shell, "weights = np.zeros(100_000)\n")
     with pytest.warns(ShippingWarning, match="sending weights"):
         run_cell(shell, "%%distributed_fit\nprint(weights.shape)\n")
+
+
+def test_engines_on_one_host_share_its_cores(two_engines, shell):
+    """Torch's thread pools of the engines on a host split its cores (they would oversubscribe
+    them and spin against each other); a cell may still set its own."""
+    import os
+
+    cores = len(os.sched_getaffinity(0))
+    run_cell(shell, "%%distributed_fit --no-widget --return threads\n"
+                    "import torch\nfrom phalanx import allreduce\nthreads = allreduce(torch.tensor([torch.get_num_threads()]), op='max').item()\n")
+    assert shell.user_ns["threads"] == max(1, cores // 2)
+    run_cell(shell, "%%distributed_fit --no-widget -n 1 --return threads\n"
+                    "import torch\nthreads = torch.get_num_threads()\n")
+    assert shell.user_ns["threads"] == cores  # one rank on this host: all of them
+    run_cell(shell, "%%distributed_fit --no-widget --return threads\n"
+                    "import torch\ntorch.set_num_threads(3)\nthreads = torch.get_num_threads()\n")
+    assert shell.user_ns["threads"] == 3

@@ -207,3 +207,21 @@ def test_a_finished_run_keeps_nothing_of_its_cell_on_the_engine(two_engines, she
                     "kept = builtins._phalanx_test_ref() is not None\n"
                     "gc.enable()\n")
     assert shell.user_ns["kept"] is False
+
+
+@pytest.mark.cluster
+def test_views_get_the_engines_state_after_a_run(two_engines, shell):
+    """The engine table showed live figures during the run; after it, the views get a fresh
+    cluster event, not the figures read before the run began."""
+    seen: list[dict] = []
+    unsubscribe = two_engines.events.subscribe(seen.append)
+    try:
+        run_cell(shell, "%%distributed_fit --no-widget\nx = 1\n")
+    finally:
+        unsubscribe()
+    ended = next(i for i, e in enumerate(seen) if e["type"] == "run_ended")
+    after = [e for e in seen[ended:] if e["type"] == "cluster"]
+    assert after, [e["type"] for e in seen]
+    events.validate_event(after[-1])
+    assert [r["rank"] for r in after[-1]["engines"]] == [0, 1]
+    assert all(r["memory_mb"] > 0 for r in after[-1]["engines"])

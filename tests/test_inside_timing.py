@@ -134,6 +134,15 @@ def test_slow_data_rank_is_marked_data_and_its_peer_waits(two_engines, shell):
         loop_s = record.history.latest(rank)["loop_s"]
         assert sum(t["parts"].values()) == pytest.approx(t["step_s"])
         assert t["step_s"] == pytest.approx(loop_s, rel=0.05), (rank, t, loop_s)
+    # ... and through the run, step by step: where each rank's time went, and when
+    for rank, t in record.timing.items():
+        points = record.step_parts_over_time(rank)
+        assert points and points[-1]["step"] == 6 and sum(p["steps"] for p in points) == 6
+        spent = sum(p["steps"] * sum(p[k] for k in p if k.endswith("_s")) for p in points)
+        assert spent == pytest.approx(t["step_s"], rel=1e-6), (rank, points)
+    slow_points, waiter_points = record.step_parts_over_time(1), record.step_parts_over_time(0)
+    assert all(p["forward_s"] > 0.2 for p in slow_points), slow_points         # sleeps 0.25 s a step
+    assert all(p["collective_s"] > 0.1 for p in waiter_points[1:]), waiter_points
     text = repr(record)
     assert "data & forward" in text and "slow: data & forward" in text, text
     seen = [e for e in captured if e.get("type") == "time" and e["ranks"][0].get("parts")]
@@ -160,7 +169,7 @@ def test_run_view_draws_each_ranks_step_parts_as_a_stacked_bar():
 
 
 @pytest.mark.parametrize("module", ["runtime._timing", "fit._timing", "fit._step_parts",
-                                    "widgets._parts_bar"])
+                                    "fit._parts_series", "widgets._parts_bar"])
 def test_examples_in_the_docstrings_hold(module):
     import doctest
     import importlib

@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterator
 from . import events
 from ._bus import EventBus
 from .cluster import ClusterError, ClusterManager, LaunchOptions, memory_mb, visible_gpus
+from .cluster._memory import add_engine_figures
 from .fit import FitOptions, FitRunner, FitUsageError, RunRecord
 
 log = logging.getLogger("phalanx")
@@ -207,8 +208,9 @@ class Session:
         finally:
             self._cluster_changed()
 
-    def _cluster_changed(self, busy: bool = False) -> None:
-        """Tell the views what the engines are now (``busy``: a change is under way)."""
+    def _cluster_changed(self, busy: bool = False, samples: dict[int, dict] | None = None) -> None:
+        """Tell the views what the engines are now (``busy``: a change is under way;
+        ``samples``: the engines' last memory figures, which hold their GPU memory)."""
         rows = []
         if self.cluster.running:
             for rank, slot in enumerate(self.cluster.slots()):
@@ -216,6 +218,8 @@ class Session:
                              "host": slot.host, "pid": slot.pid, "device": slot.device or "cpu",
                              "state": slot.state, "memory_mb": memory_mb(slot.pid, slot.host),
                              "step": None})
+        if samples:
+            add_engine_figures(rows, samples)
         self.events.emit(events.cluster_state(rows, self.max_engines, busy=busy,
                                               launcher=self.cluster.launcher,
                                               notice=self.fits.pending_notice()))
@@ -247,6 +251,9 @@ class Session:
         finally:
             if held[0]:
                 self._verbs.release()
+            # The views' engine table had live figures during the run: give them the engines'
+            # state after it, not the figures read before it began.
+            self._cluster_changed(samples=self.fits.last_memory)
         record.manifest["cell"] = cell_hash(body)
         return record
 

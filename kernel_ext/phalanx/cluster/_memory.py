@@ -47,11 +47,22 @@ def fill_engine_memory(client: Any, rows: list[dict], timeout: float = ASK_TIMEO
     return rows
 
 
+def add_engine_figures(rows: list[dict], samples: dict[int, dict]) -> list[dict]:
+    """What only an engine knows (its GPU memory) from its last sample into ``rows``; the RSS
+    read here stays where there is one (it is newer)."""
+    for row in rows:
+        sample = samples.get(row.get("rank"))
+        if sample:
+            row.update({k: sample[k] for k in _CUDA_KEYS if k in sample})
+            if row.get("memory_mb") is None:
+                row["memory_mb"] = sample.get("rss_mb")
+    return rows
+
+
 def merge_samples(rows: list[dict], samples: dict[int, dict]) -> list[dict]:
     """The engines' latest samples of a run going (``RunMemory.latest()``) into ``rows``."""
     for row in rows:
         sample = samples.get(row.get("rank"))
         if sample:
             row["memory_mb"] = sample.get("rss_mb", row.get("memory_mb"))
-            row.update({k: sample[k] for k in _CUDA_KEYS if k in sample})
-    return rows
+    return add_engine_figures(rows, samples)

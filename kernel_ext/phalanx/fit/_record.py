@@ -32,6 +32,8 @@ class RunRecord:
     timing: dict[int, dict[str, float]] = field(default_factory=dict)
     # The curves at bounded size (a CurveDigest): what the summary draws and a reloaded panel gets
     digest: Any = None
+    # Each rank's step parts through the run, at bounded size (a PartsSeries)
+    parts_series: Any = None
 
     @property
     def history_path(self) -> str | None:
@@ -100,6 +102,15 @@ class RunRecord:
             if said:
                 out[rank] = "; ".join(said)
         return out
+
+    def step_parts_over_time(self, rank: int | None = None) -> list[dict]:
+        """Each rank's step parts through the run: points ``{rank, step, t, steps, forward_s,
+        backward_s, collective_s, optimizer_s, log_s, other_s}``, each part in seconds per step
+        over the ``steps`` steps up to ``step``; when a rank became slow, and in which part.  A
+        long run's points are merged in pairs to stay within 2,000 per rank."""
+        if self.parts_series is None:
+            return []
+        return [r for r in self.parts_series.rows() if rank is None or r["rank"] == rank]
 
     def slow_ranks(self) -> dict[int, str]:
         """The ranks whose own work per step was well above the others', with the part that made

@@ -65,6 +65,7 @@ class FitRunner(Recovery):
         self.active: RunTracker | None = None
         self.active_name: str | None = None
         self.last: RunRecord | None = None
+        self.last_memory: dict[int, dict] = {}   # the engines' last samples of the last run
         self.control = RunControl()  # stop requests and the wait loop's message pump
         self.memory_interval_s = 1.0  # engines sample their memory this often during a run (0: off)
 
@@ -100,6 +101,7 @@ class FitRunner(Recovery):
             return self._attempts(job, slots, prepared, versions)
         finally:
             tracker.stop()
+            self.last_memory = tracker.memory.latest()  # each rank's figures as the run ended
             self._receiver_for(slots).unregister(run_id)
             self.active = self.active_name = self._job = None
             self._lineage = job.lineage or self._lineage
@@ -179,7 +181,8 @@ class FitRunner(Recovery):
         tracker.drain()  # every row that arrived is in the digest the summary and manifest use
         record = RunRecord(job.run_id, job.name, status, len(slots), wall,
                            _exact_steps(tracker, results), tracker.history, changes=list(job.changes),
-                           digest=tracker.digest, memory=tracker.memory.peaks(),
+                           digest=tracker.digest, parts_series=tracker.parts_series,
+                           memory=tracker.memory.peaks(),
                            timing=tracker.timing.totals())
         record.manifest = build_manifest(job.opts, slots, job.backend, prepared, versions, record)
         record.manifest["history"] = record.history_manifest()

@@ -18,6 +18,7 @@ from .. import events
 from ._digest import CurveDigest
 from ._history import MetricHistory
 from ._memory import RunMemory
+from ._parts_series import PartsSeries
 from ._timing import CollectiveTimes
 from ._progress import RateMeter, eta_seconds, stragglers
 
@@ -41,6 +42,7 @@ class RunTracker:
         self.digest = CurveDigest(world_size)
         self.memory = RunMemory()
         self.timing = CollectiveTimes(world_size)
+        self.parts_series = PartsSeries()  # the step parts through the run, at bounded size
         self.steps = {r: 0 for r in range(world_size)}
         self.final: set[int] = set()
         self.warnings: list[str] = []
@@ -65,6 +67,9 @@ class RunTracker:
             self.memory.add(rank, message.get("memory") or [], message.get("memory_peak"))
         if message.get("timing"):
             self.timing.add(rank, message["timing"])
+            if message["timing"].get("parts"):
+                self.parts_series.add(rank, int(message.get("step", 0)), time.time(),
+                                      message["timing"]["parts"])
         with self._lock:
             self.steps[rank] = max(self.steps.get(rank, 0), int(message.get("step", 0)))
             self._meters.setdefault(rank, RateMeter()).add(time.time(), self.steps[rank])

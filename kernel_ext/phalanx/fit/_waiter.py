@@ -119,6 +119,7 @@ class Waiter:
                     "steps": self.tracker.steps.get(rank, 0), "message": str(exc)}
         engine_gone = slot.state == "dead" or not registered(self.cluster, slot.engine_id)
         if engine_gone:
+            _await_exit_code(slot)
             return died(slot, self.tracker, rank, str(exc))
         if getattr(exc, "ename", None) == "KeyboardInterrupt" and self.released_at is not None:
             # our interrupt reached the engine just outside the cell (while it was returning)
@@ -203,6 +204,19 @@ def _is_stopped(slot: Any) -> bool:
         return psutil.Process(slot.pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
     except Exception:
         return False
+
+
+def _await_exit_code(slot: Any, timeout: float = 1.0) -> None:
+    """ipyparallel can fail a dead engine's task before its launcher reports how the process
+    ended; for a local engine that report follows within milliseconds and says what killed it
+    (SIGKILL: maybe out of memory), so it is worth the wait."""
+    from ..cluster._locality import is_local
+
+    if not slot.pid or not is_local(slot):
+        return
+    deadline = time.monotonic() + timeout
+    while slot.exit_code is None and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def died(slot: Any, tracker: Any, rank: int, detail: str = "") -> dict:

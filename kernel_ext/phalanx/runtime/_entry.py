@@ -21,6 +21,7 @@ from ._hooks import finish_uneven
 from ._memory import collect_cuda_garbage
 from ._resume import StopForResize, make_checkpointer
 from ._state import RunContext, engine_state
+from ._threads import share_cores
 
 CELL_FILENAME = "<distributed_fit>"
 log = logging.getLogger("phalanx")
@@ -54,6 +55,7 @@ def run_cell(spec: dict, shard_blob: bytes | None) -> dict:
     try:
         namespace = _namespace(spec, shard_blob)
         group = _ensure_group(state, spec)
+        share_cores(group.spec.hosts, spec["rank"])
         run = _new_run(spec, group, namespace)
         run.namespace = namespace
         run.checkpoints = make_checkpointer(spec.get("checkpoint"), spec["rank"], spec["world_size"])
