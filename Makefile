@@ -6,7 +6,8 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check
 STAMP  := $(VENV)/.phalanx-installed
-PYTEST_ARGS ?=
+# The slowest tests are listed at the end of every run: where the suite's time goes.
+PYTEST_ARGS ?= --durations=30
 
 .PHONY: setup lab lab-command test demo bench chaos notebooks screenshots links chromium cluster-daemons clean
 

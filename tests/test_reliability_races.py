@@ -229,6 +229,58 @@ def test_a_restart_that_fails_during_recovery_is_reported_with_its_cause(
     _next_run_works(shell, ready)
 
 
+def _slow_reply_on(session, rank: int, seconds: float):
+    """Make one engine linger once ``run_cell`` has returned a failure, before ipyparallel
+    sends the reply (as a big result or a busy machine does); returns the undo."""
+    def patch(seconds):
+        import time
+
+        from ipyparallel.engine import kernel
+
+        original = getattr(kernel.serialize_object, "original", kernel.serialize_object)
+
+        def serialize_object(obj, *args, **kwargs):
+            if isinstance(obj, dict) and obj.get("ok") is False:
+                time.sleep(seconds)
+            return original(obj, *args, **kwargs)
+
+        serialize_object.original = original
+        kernel.serialize_object = serialize_object
+
+    def unpatch():
+        from ipyparallel.engine import kernel
+
+        kernel.serialize_object = getattr(kernel.serialize_object, "original",
+                                          kernel.serialize_object)
+
+    engine = session.cluster.client[session.cluster.slots()[rank].engine_id]
+    engine.apply_sync(patch, seconds)
+    return lambda: engine.apply_sync(unpatch)
+
+
+def test_an_interrupt_reaching_a_rank_on_its_way_back_keeps_its_own_error(ready, shell):
+    # Rank 1 fails on its own; rank 0 is released by its abort.  The kernel then interrupts
+    # rank 1, which is still returning: the interrupt must not replace its error (or, landing
+    # in ipyparallel's reply, lose the reply and leave the rank "unresponsive").
+    from phalanx.fit import _waiter
+
+    undo = _slow_reply_on(ready, 1, _waiter.SECONDARY_GRACE_S + 2)
+    try:
+        error = _fit_error(shell, """%%distributed_fit
+allreduce(np.ones(4))
+if rank == 1:
+    raise ValueError("bad shard on rank 1")
+allreduce(np.ones(4))
+""")
+    finally:
+        undo()
+    message = str(error)
+    assert error.rank == 1 and "ValueError: bad shard on rank 1" in message, message
+    assert "unresponsive" not in message.lower() and "interrupted" not in message, message
+    assert [s.state for s in ready.cluster.slots()] == ["idle", "idle"]
+    _next_run_works(shell, ready)
+
+
 def test_a_failed_restart_of_an_unresponsive_rank_is_reported_not_swallowed(
         ready, shell, monkeypatch, tmp_path):
     from phalanx.fit import _waiter

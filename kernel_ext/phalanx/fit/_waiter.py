@@ -90,9 +90,11 @@ class Waiter:
     def _should_release(self, failed: list[dict], pending: set[int], failed_at: float) -> bool:
         # A rank released by a peer's failure reports a collective error; the peer that failed
         # first is usually finishing on its own, so give it a moment to report its real error -
-        # unless the collective error names a rank still running: that one is stuck.
+        # unless a collective deadline names a rank still running: that one is stuck.  (An
+        # abort names the rank that gave up: it is returning its own error, not stuck.)
         waited = time.monotonic() - failed_at
-        if any(rank in pending for r in failed for rank in r.get("ranks", ())):
+        if any(rank in pending for r in failed if r.get("error") == "CollectiveTimeout"
+               for rank in r.get("ranks", ())):
             return True
         if any(r.get("error") not in SECONDARY for r in failed):
             return waited > RELEASE_DELAY_S
@@ -135,9 +137,12 @@ class Waiter:
             self.released_at = self.released_at or time.monotonic()
             return
         self.released_at = time.monotonic()
-        if failed and all(r.get("error") in SECONDARY for r in failed):
-            named = {rank for r in failed for rank in r.get("ranks", ()) if rank in pending}
-            self.stalled |= named or set(pending)  # torch's own timeouts do not name anyone
+        timeouts = [r for r in failed if r.get("error") == "CollectiveTimeout"]
+        if failed and all(r.get("error") in SECONDARY for r in failed) and timeouts:
+            # a deadline names who kept the others waiting (torch's own timeouts name nobody);
+            # a rank named by an abort gave up on its own and is reporting, not stalled
+            named = {rank for r in timeouts for rank in r.get("ranks", ()) if rank in pending}
+            self.stalled |= named or set(pending)
         targets = []
         for rank in sorted(pending):
             slot = self.slots[rank]

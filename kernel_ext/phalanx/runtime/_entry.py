@@ -18,6 +18,7 @@ import traceback
 from typing import Any
 
 from ._hooks import finish_uneven
+from ._interrupts import InterruptGate
 from ._memory import collect_cuda_garbage
 from ._resume import StopForResize, make_checkpointer
 from ._state import RunContext, engine_state
@@ -43,7 +44,22 @@ def cached_hashes() -> dict[str, str]:
 
 
 def run_cell(spec: dict, shard_blob: bytes | None) -> dict:
-    """Run the cell body as rank ``spec['rank']``; returns ``{"ok": ..., ...}``."""
+    """Run the cell body as rank ``spec['rank']``; returns ``{"ok": ..., ...}``.
+
+    The kernel's interrupt is raised only while the run can act on it (see ``_interrupts``):
+    one arriving once this rank is on its way back is dropped, so the result always gets back."""
+    gate = InterruptGate()
+    gate.install_open()
+    try:
+        return _run_cell(spec, shard_blob, gate)
+    except KeyboardInterrupt:  # landed in the instant between the run's end and the gate closing
+        return {"ok": False, "interrupted": True, "error": "KeyboardInterrupt",
+                "message": "interrupted while returning", "steps": 0, "ended_at": time.time()}
+    finally:
+        gate.close()
+
+
+def _run_cell(spec: dict, shard_blob: bytes | None, gate: InterruptGate) -> dict:
     import cloudpickle
 
     started = time.time()
@@ -69,6 +85,7 @@ def run_cell(spec: dict, shard_blob: bytes | None) -> dict:
         finish_uneven(run)  # ranks that still train get answers until every rank is done
         for strategy, params_fn in run.tracked:
             strategy.finish(params_fn())
+        gate.close()  # no collective is left: an interrupt now could only lose the result
         _cleanup(run, hooks)
         hooks = None
         payload = _returns(spec, namespace)
@@ -77,10 +94,12 @@ def run_cell(spec: dict, shard_blob: bytes | None) -> dict:
                 "profile": profiler.result() if profiler is not None else None,
                 **_progress(run)}
     except StopForResize as stop:  # every rank stops at the same commit: nothing to release
+        gate.close()
         return {"ok": False, "resized": True, "error": "StopForResize", "message": str(stop),
                 "steps": run.steps if run else 0, "wall_s": time.time() - started,
                 **_progress(run)}
     except BaseException as exc:  # KeyboardInterrupt too: the kernel asked us to stop
+        gate.close()  # this rank reports now; a later interrupt must not replace its error
         # Describe the failure before cleaning up: an interrupt arriving during the cleanup must
         # not replace the error that caused it.
         failure = {"ok": False, "interrupted": isinstance(exc, KeyboardInterrupt),
