@@ -12,7 +12,7 @@ from phalanx.cluster._ssh import parse_hosts
 
 def test_every_documented_launcher_has_an_object():
     kinds = {name: make_launcher(name, LaunchOptions()) for name in LAUNCHERS}
-    assert {k: v.ipp_name for k, v in kinds.items()} == {n: n for n in LAUNCHERS}
+    assert all(launcher.name == name for name, launcher in kinds.items())
     # only local engines are their own engine set, so only they restart one rank alone
     assert [n for n, k in kinds.items() if k.one_set_per_engine] == ["local"]
     assert [n for n, k in kinds.items() if k.engines_here] == ["local", "mpi"]

@@ -264,6 +264,55 @@ def test_base_strategy_is_usable_directly():
     assert repr(s) == "SyncStrategy(every=2, alpha=0.5)" and (w == 1).all()
 
 
+def _one_rank_hooks_called(strategy_class):
+    """The hooks a strategy got through one optimizer step of a one-rank run."""
+    from phalanx.runtime._hooks import StepHooks
+    from phalanx.runtime._join import JoinControl
+    from phalanx.runtime._state import RunContext
+
+    comm = make_thread_communicators(1)[0]
+    run = RunContext(run_id="one-rank", rank=0, world_size=1, device=torch.device("cpu"),
+                     strategy_spec=strategy_class, collectives=comm, join=JoinControl(comm))
+    hooks = StepHooks(run)
+    hooks.install()
+    try:
+        model = torch.nn.Linear(2, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(torch.ones(3, 2)).sum().backward()
+        opt.step()
+    finally:
+        hooks.remove()
+    return run.strategies[id(opt)].called
+
+
+class _Recording(SyncStrategy):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.called = []
+
+    def average_gradients(self, grads, step):
+        self.called.append("average_gradients")
+
+    def before_step(self, params, step):
+        self.called.append("before_step")
+
+    def after_step(self, params, step):
+        self.called.append("after_step")
+
+
+class _IdentityOnOneRank(_Recording):
+    identity_on_one_rank = True
+
+
+def test_one_rank_skips_only_strategies_that_declare_themselves_the_identity_there():
+    assert _one_rank_hooks_called(_IdentityOnOneRank) == []
+    # a user strategy that says nothing may act alone (a schedule, a decay): it runs
+    assert _one_rank_hooks_called(_Recording) == ["average_gradients", "before_step", "after_step"]
+    assert not SyncStrategy.identity_on_one_rank
+    assert all(make_strategy(name, make_thread_communicators(1)[0]).identity_on_one_rank
+               for name in ("allreduce", "localsgd", "none"))
+
+
 def test_easgd_requires_start():
     s = EASGD(make_thread_communicators(1)[0])
     with pytest.raises(RuntimeError, match="start"):

@@ -520,7 +520,7 @@ def test_cluster_widget_restart_stop_and_start_buttons(two_engines):
 
 @pytest.mark.cluster
 def test_cluster_widget_follows_cluster_events_and_text_elsewhere(two_engines, shell):
-    from phalanx._session import ClusterStatus
+    from phalanx.widgets._cluster_table import ClusterStatus
 
     assert isinstance(two_engines.cluster_view(), ClusterStatus)    # a terminal shell: the table
     panel = two_engines.cluster_view(widget=True)

@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._version import __version__  # noqa: F401 - the package's version, read by tools
 from .runtime import allreduce, barrier, broadcast, bytes_sent, latest_metrics, log, no_sync, steps, wrap
 
-__version__ = "0.1.0"
 __all__ = ["log", "allreduce", "broadcast", "barrier", "wrap", "no_sync", "bytes_sent", "steps",
            "latest_metrics", "SyncStrategy", "param_values", "param_grads", "Communicator",
            "last_run", "manifest",

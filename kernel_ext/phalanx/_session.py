@@ -17,10 +17,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import html
 import logging
 import threading
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from . import events
 from ._bus import EventBus
@@ -28,46 +27,12 @@ from .cluster import ClusterError, ClusterManager, LaunchOptions, memory_mb, vis
 from .cluster._memory import add_engine_figures
 from .fit import FitOptions, FitRunner, FitUsageError, RunRecord
 
+if TYPE_CHECKING:
+    from .widgets._cluster_table import ClusterStatus
+
 log = logging.getLogger("phalanx")
 
 _ATTRIBUTE = "_phalanx_session"
-
-
-class ClusterStatus:
-    """The status table; renders as HTML in the notebook and as text elsewhere."""
-
-    COLUMNS = ("rank", "engine_id", "host", "pid", "device", "state", "memory_mb", "step")
-
-    def __init__(self, rows: list[dict], launcher: str) -> None:
-        self.rows, self.launcher = rows, launcher
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def _columns(self) -> tuple[str, ...]:
-        gpu = any(r.get("cuda_allocated_mb") is not None for r in self.rows)
-        return self.COLUMNS + (("cuda_allocated_mb", "cuda_reserved_mb", "cuda_peak_mb") if gpu else ())
-
-    def _cells(self, row: dict) -> list[str]:
-        return ["" if row.get(c) is None else str(row.get(c)) for c in self._columns()]
-
-    def __repr__(self) -> str:
-        if not self.rows:
-            return "no cluster is running: start one with %cluster start -n 2"
-        table = [list(self._columns())] + [self._cells(r) for r in self.rows]
-        widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
-        lines = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)) for line in table]
-        return (f"{len(self.rows)} engine(s), {self.launcher} launcher (ranks are dense 0..N-1; "
-                "after scaling down they are renumbered)\n" + "\n".join(lines))
-
-    def _repr_html_(self) -> str:
-        if not self.rows:
-            return "<i>no cluster is running: start one with <code>%cluster start -n 2</code></i>"
-        head = "".join(f"<th>{c}</th>" for c in self._columns())
-        body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in self._cells(r)) + "</tr>"
-                       for r in self.rows)
-        return (f"<div><b>{len(self.rows)} engine(s)</b>, {self.launcher} launcher"
-                f"<table><tr>{head}</tr>{body}</table></div>")
 
 
 def _serialised(verb: Callable) -> Callable:
@@ -156,6 +121,7 @@ class Session:
 
     def status(self) -> ClusterStatus:
         from .cluster._memory import fill_engine_memory, merge_samples
+        from .widgets._cluster_table import ClusterStatus  # UI at the edge: loaded when asked
 
         active = self.fits.active
         rows = self.cluster.status(active.steps if active is not None else None) if self.cluster.running else []

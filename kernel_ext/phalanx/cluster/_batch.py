@@ -97,7 +97,7 @@ class BatchLauncher(RemoteLauncher):
 class SlurmLauncher(BatchLauncher):
     """Engines as one Slurm job per engine set (ipyparallel's SlurmEngineSetLauncher)."""
 
-    name = ipp_name = "slurm"
+    name = "slurm"
     submit = "sbatch"
     system = "Slurm"
 
@@ -156,13 +156,13 @@ class SlurmLauncher(BatchLauncher):
 class PbsLauncher(BatchLauncher):
     """Engines as a PBS job array (ipyparallel's PBSEngineSetLauncher)."""
 
-    name = ipp_name = "pbs"
+    name = "pbs"
 
 
 class LsfLauncher(BatchLauncher):
     """Engines as an LSF job (ipyparallel's LSFEngineSetLauncher)."""
 
-    name = ipp_name = "lsf"
+    name = "lsf"
     submit = "bsub"
     system = "LSF"
 

@@ -53,8 +53,7 @@ class LaunchOptions:
 class Launcher:
     """Engines on this host, one engine set per engine (so any rank restarts alone)."""
 
-    name = "local"
-    ipp_name = "local"        # ipyparallel's entry-point name of its engine-set launcher
+    name = "local"            # --launcher NAME; ipyparallel names its engine-set launcher alike
     engines_here = True       # engines certainly run on the kernel's host
     one_set_per_engine = True
     ask_engines_to_exit = False  # before stopping them through the launcher (slow for SSH)
@@ -110,7 +109,7 @@ class Launcher:
 class MpiLauncher(Launcher):
     """Engines on this host started together under ``mpiexec`` (one group)."""
 
-    name = ipp_name = "mpi"
+    name = "mpi"
     one_set_per_engine = False
 
     def check(self) -> None:
@@ -174,7 +173,7 @@ def make_launcher(name: str, options: LaunchOptions) -> Launcher:
 
     Example::
 
-        >>> make_launcher("mpi", LaunchOptions()).ipp_name
+        >>> make_launcher("mpi", LaunchOptions()).name
         'mpi'
     """
     key = (name or "").strip().lower()

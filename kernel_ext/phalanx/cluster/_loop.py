@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable
 
 
 class LoopThread:
@@ -42,10 +42,6 @@ class LoopThread:
         except concurrent.futures.TimeoutError:
             future.cancel()
             raise TimeoutError(f"cluster operation did not finish within {timeout} s") from None
-
-    def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
-        """Schedule a plain callable on the loop thread."""
-        self._loop.call_soon_threadsafe(fn, *args)
 
     def close(self) -> None:
         """Stop the loop and join its thread."""

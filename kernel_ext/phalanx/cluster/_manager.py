@@ -152,7 +152,7 @@ class ClusterManager(StatusMixin, AdoptionMixin):
         import ipyparallel as ipp
 
         kwargs: dict[str, Any] = dict(
-            engines=self._launcher.ipp_name, delay=0, engine_timeout=int(self.timeout),
+            engines=self._launcher.name, delay=0, engine_timeout=int(self.timeout),
             controller_args=list(_CONTROLLER_ARGS), shutdown_atexit=True, log=quiet_logger(),
             parent=None)
         if profile and os.sep in profile:  # a profile's folder rather than its name

@@ -39,12 +39,6 @@ class StatusMixin:
                     continue
         return found
 
-    def rank_of_engine(self, engine_id: int) -> int | None:
-        for rank, slot in enumerate(self.slots()):
-            if slot.engine_id == engine_id:
-                return rank
-        return None
-
     def status(self, steps: dict[int, int] | None = None) -> list[dict]:
         """One row per rank: rank, engine id, host, pid, device, state, memory (MB), step."""
         busy = self._busy_engines()

@@ -43,7 +43,7 @@ def parse_hosts(text: str) -> dict[str, int]:
 class SshLauncher(RemoteLauncher):
     """Engines started over SSH on the listed hosts."""
 
-    name = ipp_name = "ssh"
+    name = "ssh"
     # ipyparallel stops SSH engines by signalling over SSH and polling every minute: engines
     # told to exit through the controller are gone in a moment instead
     ask_engines_to_exit = True

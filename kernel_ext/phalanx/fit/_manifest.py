@@ -26,9 +26,9 @@ def engine_versions() -> dict:
         except md.PackageNotFoundError:
             out[package] = None
     if out["phalanx"] is None:
-        import phalanx
+        from .._version import __version__
 
-        out["phalanx"] = getattr(phalanx, "__version__", None)
+        out["phalanx"] = __version__
     return out
 
 

@@ -292,9 +292,8 @@ class FitRunner(Recovery):
                  "sync": prepared.strategy or opts.sync,
                  "sync_from_notebook": prepared.strategy is not None, "every": opts.every,
                  "alpha": opts.alpha, "seed": opts.seed, "returns": list(opts.returns),
-                 "return_all": False, "checkpoint": checkpoint, "uneven": opts.uneven,
-                 "shard": list(opts.shard), "memory_interval_s": self.memory_interval_s,
-                 "profile": opts.profile}
+                 "checkpoint": checkpoint, "uneven": opts.uneven, "shard": list(opts.shard),
+                 "memory_interval_s": self.memory_interval_s, "profile": opts.profile}
                 for r in range(len(slots))]
 
     def _stash(self, slots: list, prepared: Prepared) -> None:

@@ -145,10 +145,6 @@ class Network:
         """The nodes of this network computed by machine ``m``."""
         return [n for n in self.nodes if n.machine is m]
 
-    def vertices(self) -> list[Source | Machine | Node]:
-        """What a drawing shows: sources, machines and static nodes."""
-        return [*self.sources, *self.machines, *self.statics]
-
     def edges(self) -> list[tuple[str, str]]:
         """Drawing edges ``(producer name, consumer name)``; operations fold into machines."""
         out: list[tuple[str, str]] = []

@@ -273,7 +273,7 @@ def _compile(body: str) -> Any:
 
 
 def _returns(spec: dict, namespace: dict) -> dict | None:
-    if not spec["returns"] or (spec["rank"] != 0 and not spec["return_all"]):
+    if not spec["returns"] or spec["rank"] != 0:  # rank 0's copy is the one brought back
         return None
     out = {}
     for name in spec["returns"]:

@@ -25,7 +25,7 @@ import threading
 import time
 from typing import Any, Callable, Mapping
 
-from ._cluster_table import local_memory_mb, merge_rows, table_html
+from ._cluster_table import ClusterStatus, local_memory_mb, merge_rows, table_html
 from ._throttle import Throttle
 
 log = logging.getLogger("phalanx")
@@ -225,8 +225,6 @@ class ClusterWidget:
         return f"<span style='color:#2e7d32'>✔ {html.escape(self._done)}</span>" if self._done else ""
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict:
-        from .._session import ClusterStatus
-
         bundle = self.widget._repr_mimebundle_(**kwargs) or {}
         # Where no widget can be drawn (a saved notebook, a terminal): the table as text, from
         # what the widget holds (asking the cluster here could race a change in progress).

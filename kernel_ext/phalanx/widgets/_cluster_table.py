@@ -1,4 +1,4 @@
-"""The engine table of the cluster widget (pure: rows in, HTML out).
+"""The engine table of the cluster widget and of ``%cluster status`` (pure: rows in, HTML out).
 
 Rows come from ``cluster`` events (rank, engine id, host, pid, device, state); the widget adds
 the step of the current run (from ``progress`` events) and resident memory of local engines.
@@ -20,6 +20,43 @@ COLUMNS = ("rank", "host", "device", "state", "memory_mb", "step")
 HEADINGS = {"memory_mb": "memory (MB)", "gpu_memory": "GPU memory (alloc / reserved, peak)"}
 _STATE_COLOURS = {"idle": "#2e7d32", "busy": "#1565c0", "starting": "#8d6e00",
                   "stopping": "#8d6e00", "dead": "#c62828"}
+
+
+class ClusterStatus:
+    """The status table; renders as HTML in the notebook and as text elsewhere."""
+
+    COLUMNS = ("rank", "engine_id", "host", "pid", "device", "state", "memory_mb", "step")
+
+    def __init__(self, rows: list[dict], launcher: str) -> None:
+        self.rows, self.launcher = rows, launcher
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def _columns(self) -> tuple[str, ...]:
+        gpu = any(r.get("cuda_allocated_mb") is not None for r in self.rows)
+        return self.COLUMNS + (("cuda_allocated_mb", "cuda_reserved_mb", "cuda_peak_mb") if gpu else ())
+
+    def _cells(self, row: dict) -> list[str]:
+        return ["" if row.get(c) is None else str(row.get(c)) for c in self._columns()]
+
+    def __repr__(self) -> str:
+        if not self.rows:
+            return "no cluster is running: start one with %cluster start -n 2"
+        table = [list(self._columns())] + [self._cells(r) for r in self.rows]
+        widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
+        lines = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)) for line in table]
+        return (f"{len(self.rows)} engine(s), {self.launcher} launcher (ranks are dense 0..N-1; "
+                "after scaling down they are renumbered)\n" + "\n".join(lines))
+
+    def _repr_html_(self) -> str:
+        if not self.rows:
+            return "<i>no cluster is running: start one with <code>%cluster start -n 2</code></i>"
+        head = "".join(f"<th>{c}</th>" for c in self._columns())
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in self._cells(r)) + "</tr>"
+                       for r in self.rows)
+        return (f"<div><b>{len(self.rows)} engine(s)</b>, {self.launcher} launcher"
+                f"<table><tr>{head}</tr>{body}</table></div>")
 
 
 def local_memory_mb(pid: int | None, host: str | None) -> float | None:
