@@ -12,7 +12,8 @@ import pytest
 
 from phalanx import events
 from phalanx._bus import EventBus
-from phalanx._labcomm import HISTORY_CHUNK_ROWS, MAX_COMMS, LabComm, Outbox, wire_safe
+from phalanx._labcomm import HISTORY_CHUNK_ROWS, MAX_COMMS, LabComm
+from phalanx._outbox import Outbox, wire_safe
 from phalanx.events import COMM_TARGET, validate_event
 
 

@@ -5,7 +5,8 @@ requests (``request_snapshot``, ``scale``, ``stop``, ``stop_run``, ``request_win
 sends code.  This
 module answers them and forwards every bus event to every open panel comm, throttled to about ten messages a
 second: ``cluster``/``progress``/``network`` states are coalesced (only the latest matters),
-metric rows are batched (never dropped: the panel downsamples the whole history as it arrives).
+metric rows are batched (never dropped: the panel downsamples the whole history as it arrives;
+see :mod:`._outbox`).
 A reloaded panel gets the run's downsampled curves; a zoomed chart asks for its step window and
 gets it at full resolution from the kernel's history.
 
@@ -26,12 +27,12 @@ Example::
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from typing import Any, Callable, Mapping
 
 from . import events
+from ._outbox import Outbox, wire_safe
 from ._pump import answer_where_sent
 from .events import COMM_TARGET, SchemaError, validate_event, validate_request
 
@@ -57,99 +58,6 @@ def _thread_timer(delay: float, fn: Callable[[], None]) -> Callable[[], None]:
     timer.daemon = True
     timer.start()
     return timer.cancel
-
-
-def _finite_metrics(metrics: Mapping[str, Any]) -> dict:
-    # NaN/inf are not JSON: jupyter_client would turn them into strings (with a warning) and
-    # the panel would reject the whole batch.  Keep the row and its valid values instead.
-    return {k: v for k, v in metrics.items()
-            if not (isinstance(v, float) and not math.isfinite(v))}
-
-
-def wire_safe(event: dict) -> dict:
-    """A copy of ``event`` that survives JSON: non-finite metric values are left out.
-
-    Example::
-
-        >>> row = {"rank": 0, "step": 1, "t": 0.0, "metrics": {"loss": float("nan"), "acc": 0.5}}
-        >>> wire_safe(events.metrics("r", [row]))["rows"][0]["metrics"]
-        {'acc': 0.5}
-    """
-    kind = event.get("type")
-    if kind in ("metrics", "history_window"):
-        rows = [{**r, "metrics": _finite_metrics(r["metrics"])} for r in event["rows"]]
-        return {**event, "rows": rows}
-    if kind == "progress":
-        ranks = []
-        for r in event["ranks"]:
-            r = {**r, "metrics": _finite_metrics(r.get("metrics") or {})}
-            for key in ("total", "steps_per_s", "eta_s"):
-                if isinstance(r.get(key), float) and not math.isfinite(r[key]):
-                    r[key] = None
-            ranks.append(r)
-        return {**event, "ranks": ranks}
-    return event
-
-
-class Outbox:
-    """Pending events between two flushes, coalesced so a flush sends few messages.
-
-    States keep only their latest value (progress merges per rank); metric rows of one run are
-    appended to a single pending batch; run start/end keep their order.
-
-    Example::
-
-        >>> box = Outbox()
-        >>> box.add(events.progress("r", [{"rank": 0, "step": 1}]))
-        >>> box.add(events.progress("r", [{"rank": 0, "step": 2}, {"rank": 1, "step": 2}]))
-        >>> [(e["type"], len(e["ranks"])) for e in box.drain()]
-        [('progress', 2)]
-    """
-
-    def __init__(self) -> None:
-        self._items: list[dict] = []
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def _find(self, kind: str, key: str | None = None, value: Any = None) -> dict | None:
-        for item in self._items:
-            if item["type"] == kind and (key is None or item.get(key) == value):
-                return item
-        return None
-
-    def add(self, event: dict) -> None:
-        """Queue ``event``, merging it into a pending one of the same kind where that is safe."""
-        kind = event["type"]
-        if kind == "cluster":
-            pending = self._find("cluster")
-        elif kind == "network":
-            pending = self._find("network", "network", event["network"])
-        elif kind == "progress":
-            pending = self._find("progress", "run", event["run"])
-            if pending is not None:
-                by_rank = {r["rank"]: r for r in pending["ranks"]}
-                by_rank.update({r["rank"]: r for r in event["ranks"]})
-                pending["ranks"] = [by_rank[k] for k in sorted(by_rank)]
-                return
-        elif kind == "metrics":
-            pending = self._find("metrics", "run", event["run"])
-            if pending is not None:
-                pending["rows"].extend(event["rows"])
-                return
-            self._items.append({**event, "rows": list(event["rows"])})  # ours to extend
-            return
-        else:
-            pending = None
-        if pending is not None:  # a newer state replaces the older one in place
-            self._items[self._items.index(pending)] = dict(event)
-        else:
-            self._items.append(dict(event))
-
-    def drain(self) -> list[dict]:
-        """Everything pending, oldest first; the outbox is empty afterwards."""
-        items, self._items = self._items, []
-        return items
 
 
 class LabComm:
