@@ -87,9 +87,8 @@ def describe(cycle: tuple[str, ...]) -> str:
 
 # to be removed by issue 17 item 3/4
 KNOWN_CYCLES = {
-    # the launcher registry imports the launchers that subclass its base; _procs takes its error
+    # the launcher registry imports the launchers that subclass its base
     "cluster._batch -> cluster._launchers -> cluster._batch",
-    "cluster._launchers -> cluster._procs -> cluster._launchers",
     "cluster._launchers -> cluster._ssh -> cluster._launchers",
     # nodes and machines fit, evaluate and draw themselves through the modules built on them
     "network._display -> network._events -> network._plan -> network._graph -> network._display",

@@ -1,7 +1,8 @@
 """Cluster layer: ipyparallel processes, dense ranks and GPU pinning."""
 
+from ._errors import ClusterError
 from ._gpus import GpuSpecError, assign_devices, parse_gpu_spec, visible_gpus
-from ._launchers import LAUNCHERS, ClusterError, LaunchOptions
+from ._launchers import LAUNCHERS, LaunchOptions
 from ._manager import ClusterManager, EngineSlot
 from ._locality import is_local
 from ._procs import memory_mb

@@ -21,7 +21,8 @@ import subprocess
 import time
 from typing import Any
 
-from ._launchers import ClusterError, LaunchOptions, RemoteLauncher
+from ._errors import ClusterError
+from ._launchers import LaunchOptions, RemoteLauncher
 
 # sh runs the submit command with its error output on stdout: ipyparallel keeps only stdout,
 # and the batch system's own message ("invalid partition specified") is what to show.

@@ -26,11 +26,8 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
+from ._errors import ClusterError
 from ._locality import is_loopback, route_address
-
-
-class ClusterError(RuntimeError):
-    """A cluster request that cannot be carried out; the message says what to do instead."""
 
 
 # Any address outside this host's networks: asking the routing table for it yields the address

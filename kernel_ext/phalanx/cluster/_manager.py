@@ -26,9 +26,10 @@ import subprocess
 import threading
 from typing import Any, Callable
 
+from ._errors import ClusterError
 from ._gpus import GpuSpec, assign_devices, default_engine_count, parse_gpu_spec, pinning_env, visible_gpus
 from ._loop import LoopThread
-from ._launchers import ClusterError, Launcher, LaunchOptions, make_launcher
+from ._launchers import Launcher, LaunchOptions, make_launcher
 from ._probe import warm_up
 from ._procs import (check_count, kill_leftovers, local_pids,
                      is_adopted, quiet_logger, shutdown_engines)

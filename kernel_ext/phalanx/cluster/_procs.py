@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ._launchers import ClusterError
+from ._errors import ClusterError
 from ._locality import is_local
 
 log = logging.getLogger("phalanx")

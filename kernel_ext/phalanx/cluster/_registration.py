@@ -12,7 +12,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ._launchers import ClusterError, Launcher, log_tail
+from ._errors import ClusterError
+from ._launchers import Launcher, log_tail
 from ._gpus import assign_devices
 from ._locality import host_label, is_local
 from ._probe import identify_engine, pin_engine

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ._launchers import ClusterError
+from ._errors import ClusterError
 from ._procs import ADOPTED, memory_mb
 from ._ranks import EngineSlot
 

@@ -19,7 +19,8 @@ import subprocess
 import sys
 from typing import Any
 
-from ._launchers import ClusterError, LaunchOptions, RemoteLauncher
+from ._errors import ClusterError
+from ._launchers import LaunchOptions, RemoteLauncher
 
 # never prompt in a kernel nobody watches; give up on a dead host in seconds
 SSH_DEFAULTS = ["-o", "BatchMode=yes", "-o", "ConnectTimeout=10"]
