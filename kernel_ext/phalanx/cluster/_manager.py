@@ -6,8 +6,8 @@ Processes are started by ipyparallel's own ``Cluster`` and launchers.  What phal
   engines start; with the local launcher every engine is its own engine set (a *slot*), so one
   rank can be restarted or stopped alone, which ipyparallel cannot do by engine id;
 * dense ranks over the slots (:class:`RankTable`), pinned GPUs (:mod:`._gpus`);
-* fail-fast start: an engine set that exits before registering ends the wait at once with the
-  tail of its log, and nothing is left running.
+* fail-fast start (:mod:`._engines`): an engine set that exits before registering ends the wait
+  at once with the tail of its log, and nothing is left running.
 
 Example::
 
@@ -22,36 +22,33 @@ import itertools
 import logging
 import os
 import socket
-import subprocess
 import threading
 from typing import Any, Callable
 
 from ._errors import ClusterError
-from ._gpus import GpuSpec, assign_devices, default_engine_count, parse_gpu_spec, pinning_env, visible_gpus
+from ._engines import EngineStartMixin
+from ._gpus import GpuSpec, assign_devices, default_engine_count, parse_gpu_spec, visible_gpus
 from ._loop import LoopThread
 from ._launchers import Launcher, LaunchOptions, make_launcher
-from ._probe import warm_up
 from ._procs import (check_count, kill_leftovers, local_pids,
                      is_adopted, quiet_logger, shutdown_engines)
 from ._ranks import EngineSlot, RankTable
 from ._reporting import AdoptionMixin, StatusMixin
-from ._registration import await_registration, pin_group
 from ._supervise import command as supervised, parent_env
 from ._warden import Warden, launched_processes
 
 log = logging.getLogger("phalanx")
 
 # Heartbeats fast enough that a dead engine or a lost controller is noticed in seconds, not
-# minutes: the controller pings every second; an engine that misses 10 checks (~15 s) exits.
+# minutes: the controller pings every second (engines give up on it in cluster/_engines.py).
 _CONTROLLER_ARGS = ["--HeartMonitor.period=1000", "--HeartMonitor.max_heartmonitor_misses=5"]
-_ENGINE_ARGS = ["--IPEngine.max_heartbeat_misses=10"]
 # The controller and engines on this host run under phalanx's supervisor (cluster/_supervise.py):
 # a private umask (connection files are owner-only from the moment they exist) and a watchdog
 # that stops them when the kernel is gone.  A watchdog process per cluster (cluster/_warden.py)
 # ends what those cannot (a dead controller's schedulers, a stopped engine) and the kernel's files.
 
 
-class ClusterManager(StatusMixin, AdoptionMixin):
+class ClusterManager(StatusMixin, AdoptionMixin, EngineStartMixin):
     """Start and manage one ipyparallel cluster; all methods are synchronous.
 
     ``on_change`` is called (from any thread) whenever engines come, go or change state.
@@ -228,6 +225,15 @@ class ClusterManager(StatusMixin, AdoptionMixin):
                 log.warning("phalanx: checking that %s is gone raised %s",
                             self._launcher.set_name(engine_set), exc)
 
+    def _controller_stopped(self, data: dict | None) -> None:
+        """The controller exited: a run in progress can no longer hear from any engine."""
+        if self._cluster is None:  # stopped by us
+            return
+        self.controller_exit = dict(data or {}, pid=getattr(self._cluster.controller, "pid", None))
+        log.warning("phalanx: the cluster's controller exited (%s)", data)
+        self._on_change()
+
+
     # --- scaling ------------------------------------------------------------------------------
 
     def scale(self, n: int) -> list[EngineSlot]:
@@ -317,95 +323,6 @@ class ClusterManager(StatusMixin, AdoptionMixin):
                 pass  # the set already exited on its own
         kill_leftovers(pids)
         self._await_gone(stopping)
-
-    # --- adding engines -----------------------------------------------------------------------
-
-    def _add_engines(self, count: int, replacing: list[str] | None = None) -> None:
-        """Start ``count`` engines, wait for them, identify and pin them, rank them."""
-        new_slots = self._launch(count)
-        try:
-            self._await_registration(new_slots)
-        except BaseException:
-            self._stop_sets({s.engine_set_id for s in new_slots})
-            with self._lock:
-                for s in new_slots:
-                    self._slots.pop(s.slot_id, None)
-            raise
-        self._rank_new(new_slots, replacing)
-
-    def _rank_new(self, new_slots: list[EngineSlot], replacing: list[str] | None = None) -> None:
-        with self._lock:
-            for i, slot in enumerate(new_slots):
-                if replacing is not None:
-                    self._ranks.replace(replacing[i], slot.slot_id)
-                    self._slots.pop(replacing[i], None)
-                else:
-                    self._ranks.append(slot.slot_id)
-                slot.state = "idle"
-            self.generation += 1
-        self._on_change()
-
-    def _launch(self, count: int) -> list[EngineSlot]:
-        assert self._runner is not None and self._cluster is not None
-        slots: list[EngineSlot] = []
-        if self._launcher.one_set_per_engine:
-            first_rank = self.size
-            devices = assign_devices(self.gpu_spec, [socket.gethostname()] * (first_rank + count),
-                                     {socket.gethostname(): self._gpus})[first_rank:]
-            for device in devices:
-                slot_id = f"slot-{next(self._ids)}"
-                self._start_set(slot_id, 1, {"PHALANX_SLOT": slot_id, **pinning_env(device)})
-                slots.append(self._register_slot(EngineSlot(slot_id, slot_id, device)))
-        else:
-            set_id = f"set-{next(self._ids)}"
-            self._start_set(set_id, count, {"PHALANX_SET": set_id})
-            for i in range(count):
-                slots.append(self._register_slot(EngineSlot(f"{set_id}.{i}", set_id)))
-        return slots
-
-    def _register_slot(self, slot: EngineSlot) -> EngineSlot:
-        with self._lock:
-            self._slots[slot.slot_id] = slot
-        return slot
-
-    def _start_set(self, set_id: str, count: int, env: dict[str, str]) -> None:
-        kwargs = {"engine_args": list(_ENGINE_ARGS),
-                  **self._launcher.engine_kwargs(set_id, count, env)}
-        try:
-            self._runner.run(self._cluster.start_engines(count, engine_set_id=set_id, **kwargs),
-                             timeout=self.timeout)
-        except subprocess.CalledProcessError as exc:  # a batch system refused the job
-            self._cluster.engines.pop(set_id, None)
-            raise self._launcher.submit_error(exc) from None
-        if self._launcher.engines_here:
-            self._warden.watch(launched_processes(self._cluster.engines[set_id]))
-        self._cluster.engines[set_id].on_stop(lambda data, s=set_id: self._set_stopped(s, data))
-
-    def _controller_stopped(self, data: dict | None) -> None:
-        """The controller exited: a run in progress can no longer hear from any engine."""
-        if self._cluster is None:  # stopped by us
-            return
-        self.controller_exit = dict(data or {}, pid=getattr(self._cluster.controller, "pid", None))
-        log.warning("phalanx: the cluster's controller exited (%s)", data)
-        self._on_change()
-
-    def _set_stopped(self, set_id: str, data: dict | None) -> None:
-        code = (data or {}).get("exit_code")
-        changed = False
-        with self._lock:
-            for slot in self._slots.values():
-                if slot.engine_set_id == set_id and slot.state not in ("stopping", "dead"):
-                    slot.state, slot.exit_code, changed = "dead", code, True
-        if changed:
-            log.warning("phalanx: engine set %s exited (code %s)", set_id, code)
-            self._on_change()
-
-    def _await_registration(self, slots: list[EngineSlot]) -> None:
-        """Wait until each new slot's engine has registered and answered the probe."""
-        await_registration(self, slots, self.controller_ip)
-        if not self._launcher.one_set_per_engine:
-            pin_group(self, slots)
-        self.client[[s.engine_id for s in slots]].apply_async(warm_up)  # not awaited
 
     # --- checks -------------------------------------------------------------------------------
 

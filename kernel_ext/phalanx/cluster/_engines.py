@@ -1,0 +1,107 @@
+"""How :class:`~._manager.ClusterManager` adds engines: start engine sets through the launcher,
+wait until each engine registers and answers, pin it, and give it a rank.
+
+Mixed into the manager, whose state it shares; the manager decides when engines come and go
+(start, scale, restart), this module how they arrive.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import subprocess
+
+from ._gpus import assign_devices, pinning_env
+from ._probe import warm_up
+from ._ranks import EngineSlot
+from ._registration import await_registration, pin_group
+from ._warden import launched_processes
+
+log = logging.getLogger("phalanx")
+
+# An engine that misses 10 of the controller's once-a-second heartbeat checks (~15 s) exits,
+# so a lost controller leaves no engine waiting for it for minutes.
+_ENGINE_ARGS = ["--IPEngine.max_heartbeat_misses=10"]
+
+
+class EngineStartMixin:
+    """New engines for :meth:`start`, :meth:`scale`, :meth:`restart` and :meth:`adopt`."""
+
+    def _add_engines(self, count: int, replacing: list[str] | None = None) -> None:
+        """Start ``count`` engines, wait for them, identify and pin them, rank them."""
+        new_slots = self._launch(count)
+        try:
+            self._await_registration(new_slots)
+        except BaseException:
+            self._stop_sets({s.engine_set_id for s in new_slots})
+            with self._lock:
+                for s in new_slots:
+                    self._slots.pop(s.slot_id, None)
+            raise
+        self._rank_new(new_slots, replacing)
+
+    def _rank_new(self, new_slots: list[EngineSlot], replacing: list[str] | None = None) -> None:
+        with self._lock:
+            for i, slot in enumerate(new_slots):
+                if replacing is not None:
+                    self._ranks.replace(replacing[i], slot.slot_id)
+                    self._slots.pop(replacing[i], None)
+                else:
+                    self._ranks.append(slot.slot_id)
+                slot.state = "idle"
+            self.generation += 1
+        self._on_change()
+
+    def _launch(self, count: int) -> list[EngineSlot]:
+        assert self._runner is not None and self._cluster is not None
+        slots: list[EngineSlot] = []
+        if self._launcher.one_set_per_engine:
+            first_rank = self.size
+            devices = assign_devices(self.gpu_spec, [socket.gethostname()] * (first_rank + count),
+                                     {socket.gethostname(): self._gpus})[first_rank:]
+            for device in devices:
+                slot_id = f"slot-{next(self._ids)}"
+                self._start_set(slot_id, 1, {"PHALANX_SLOT": slot_id, **pinning_env(device)})
+                slots.append(self._register_slot(EngineSlot(slot_id, slot_id, device)))
+        else:
+            set_id = f"set-{next(self._ids)}"
+            self._start_set(set_id, count, {"PHALANX_SET": set_id})
+            for i in range(count):
+                slots.append(self._register_slot(EngineSlot(f"{set_id}.{i}", set_id)))
+        return slots
+
+    def _register_slot(self, slot: EngineSlot) -> EngineSlot:
+        with self._lock:
+            self._slots[slot.slot_id] = slot
+        return slot
+
+    def _start_set(self, set_id: str, count: int, env: dict[str, str]) -> None:
+        kwargs = {"engine_args": list(_ENGINE_ARGS),
+                  **self._launcher.engine_kwargs(set_id, count, env)}
+        try:
+            self._runner.run(self._cluster.start_engines(count, engine_set_id=set_id, **kwargs),
+                             timeout=self.timeout)
+        except subprocess.CalledProcessError as exc:  # a batch system refused the job
+            self._cluster.engines.pop(set_id, None)
+            raise self._launcher.submit_error(exc) from None
+        if self._launcher.engines_here:
+            self._warden.watch(launched_processes(self._cluster.engines[set_id]))
+        self._cluster.engines[set_id].on_stop(lambda data, s=set_id: self._set_stopped(s, data))
+
+    def _set_stopped(self, set_id: str, data: dict | None) -> None:
+        code = (data or {}).get("exit_code")
+        changed = False
+        with self._lock:
+            for slot in self._slots.values():
+                if slot.engine_set_id == set_id and slot.state not in ("stopping", "dead"):
+                    slot.state, slot.exit_code, changed = "dead", code, True
+        if changed:
+            log.warning("phalanx: engine set %s exited (code %s)", set_id, code)
+            self._on_change()
+
+    def _await_registration(self, slots: list[EngineSlot]) -> None:
+        """Wait until each new slot's engine has registered and answered the probe."""
+        await_registration(self, slots, self.controller_ip)
+        if not self._launcher.one_set_per_engine:
+            pin_group(self, slots)
+        self.client[[s.engine_id for s in slots]].apply_async(warm_up)  # not awaited
