@@ -106,9 +106,6 @@ KNOWN_CYCLES = {
     "network._graph -> network._topology -> network._graph",
     # the engine state holds the commit store; held_commits reads the engine state
     "runtime._checkpoint -> runtime._state -> runtime._checkpoint",
-    # the communicator factory imports the transports, which take its errors
-    "runtime._comm -> runtime._comm_mpi -> runtime._comm",
-    "runtime._comm -> runtime._comm_torch -> runtime._comm",
 }
 
 

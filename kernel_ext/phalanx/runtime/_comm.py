@@ -1,4 +1,5 @@
-"""Collectives between engines: the ``Communicator`` interface, its errors and an in-process fake.
+"""Collectives between engines: the ``Communicator`` interface, its errors (defined in
+:mod:`._comm_errors`, which every transport imports) and an in-process fake.
 
 Every collective works *in place* on a list of arrays (torch tensors and/or numpy arrays), has a
 deadline, and can be aborted from another thread.  Transports:
@@ -33,11 +34,13 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 # re-exported: the helpers live in ._comm_util so that transports can share them
+from ._comm_errors import (CollectiveAborted, CollectiveError, CollectiveMismatch,  # noqa: F401
+                           CollectiveTimeout, PeerDied)
 from ._comm_util import (OPS, Backoff, allreduce_bytes, as_list, check_op, describe,  # noqa: F401
                          host_views, process_alive, process_start_time)
 
@@ -46,31 +49,6 @@ __all__ = [
     "CollectiveMismatch", "ThreadCommunicator", "make_thread_communicators", "TorchCommunicator",
     "MpiCommunicator",
 ]
-
-
-class CollectiveError(RuntimeError):
-    """Base of every collective failure; ``ranks`` names the ranks at fault where known."""
-
-    def __init__(self, message: str, ranks: Sequence[int] = (), op: str = "") -> None:
-        super().__init__(message)
-        self.ranks = list(ranks)
-        self.op = op
-
-
-class CollectiveTimeout(CollectiveError):
-    """A collective passed its deadline; ``ranks`` are those that did not arrive (if known)."""
-
-
-class PeerDied(CollectiveError):
-    """A peer process was found dead; the message names its rank and pid."""
-
-
-class CollectiveAborted(CollectiveError):
-    """``abort()`` was called on this rank, or a peer gave up (its rank is in ``ranks``)."""
-
-
-class CollectiveMismatch(CollectiveError):
-    """Ranks entered different collectives (another op, size or dtype) at the same point."""
 
 
 @runtime_checkable

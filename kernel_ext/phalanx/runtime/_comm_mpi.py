@@ -26,7 +26,7 @@ from typing import Any, Callable
 import numpy as np
 from mpi4py import MPI
 
-from ._comm import CollectiveAborted, CollectiveError, CollectiveTimeout
+from ._comm_errors import CollectiveAborted, CollectiveError, CollectiveTimeout
 from ._comm_util import Backoff, allreduce_bytes, as_list, check_op, describe, host_views
 
 __all__ = ["MpiCommunicator"]

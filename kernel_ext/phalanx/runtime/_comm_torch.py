@@ -40,7 +40,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ._comm import CollectiveAborted, CollectiveError, CollectiveTimeout, PeerDied
+from ._comm_errors import CollectiveAborted, CollectiveError, CollectiveTimeout, PeerDied
 from ._comm_util import Backoff, allreduce_bytes, as_list, check_op, describe, process_alive
 
 __all__ = ["TorchCommunicator"]

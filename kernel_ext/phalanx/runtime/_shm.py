@@ -41,7 +41,7 @@ import numpy as np
 
 from . import _shm_futex as futex
 from . import _shm_segment as seg_mod
-from ._comm import CollectiveAborted, CollectiveError
+from ._comm_errors import CollectiveAborted, CollectiveError
 from ._comm_util import allreduce_bytes, as_list, check_op, describe, host_views
 from ._shm_layout import ALIGN, Flat, Plan, distinct, group_by_dtype, signature, split
 from ._shm_segment import Segment, attach_peers, cleanup_failed_rendezvous, segment_name

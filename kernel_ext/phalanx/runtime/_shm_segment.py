@@ -35,7 +35,7 @@ from typing import Callable
 
 import numpy as np
 
-from ._comm import CollectiveAborted, CollectiveMismatch, CollectiveTimeout, PeerDied
+from ._comm_errors import CollectiveAborted, CollectiveMismatch, CollectiveTimeout, PeerDied
 from ._comm_util import process_alive, process_start_time
 
 try:

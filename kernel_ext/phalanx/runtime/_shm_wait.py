@@ -16,7 +16,7 @@ import time
 
 from . import _shm_futex as futex
 from . import _shm_segment as seg_mod
-from ._comm import CollectiveAborted, CollectiveMismatch, CollectiveTimeout, PeerDied
+from ._comm_errors import CollectiveAborted, CollectiveMismatch, CollectiveTimeout, PeerDied
 from ._comm_util import Backoff
 from ._shm_layout import explain
 
