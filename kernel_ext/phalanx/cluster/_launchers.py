@@ -54,6 +54,7 @@ class Launcher:
     engines_here = True       # engines certainly run on the kernel's host
     one_set_per_engine = True
     ask_engines_to_exit = False  # before stopping them through the launcher (slow for SSH)
+    ends_engines_by_pid = True   # its engines are processes here that phalanx may signal itself
 
     def __init__(self, options: LaunchOptions) -> None:
         self.options = options
@@ -108,6 +109,7 @@ class MpiLauncher(Launcher):
 
     name = "mpi"
     one_set_per_engine = False
+    ends_engines_by_pid = False  # mpiexec owns its ranks: it is the one to stop them
 
     def check(self) -> None:
         from ._procs import find_mpiexec
@@ -125,6 +127,7 @@ class RemoteLauncher(Launcher):
 
     engines_here = False
     one_set_per_engine = False
+    ends_engines_by_pid = False
 
     def listen_address(self, configured: str | None) -> str:
         if self.options.ip or configured:

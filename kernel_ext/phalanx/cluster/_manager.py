@@ -30,7 +30,7 @@ from ._engines import EngineStartMixin
 from ._gpus import GpuSpec, assign_devices, default_engine_count, parse_gpu_spec, visible_gpus
 from ._loop import LoopThread
 from ._launchers import Launcher, LaunchOptions, make_launcher
-from ._procs import (check_count, kill_leftovers, local_pids,
+from ._procs import (check_count, kill_leftovers, local_pids, terminate_together,
                      is_adopted, quiet_logger, shutdown_engines)
 from ._ranks import EngineSlot, RankTable
 from ._reporting import AdoptionMixin, StatusMixin
@@ -193,6 +193,8 @@ class ClusterManager(StatusMixin, AdoptionMixin, EngineStartMixin):
             if client is not None:
                 left = shutdown_engines(client, asked)
                 client.close(linger=0)
+            if self._launcher.ends_engines_by_pid:
+                terminate_together(pids)
             if cluster is not None and runner is not None:
                 if left and self._launcher.ask_engines_to_exit:  # the engines are gone
                     runner.run(cluster.stop_controller(), timeout=30)
@@ -313,6 +315,8 @@ class ClusterManager(StatusMixin, AdoptionMixin, EngineStartMixin):
         left = shutdown_engines(self.client, [s.engine_id for s in doomed if self._ask_to_exit(s)])
         launched = sets - {s.engine_set_id for s in doomed if is_adopted(s)}
         stopping = [self._cluster.engines[s] for s in launched if s in self._cluster.engines]
+        if self._launcher.ends_engines_by_pid:
+            terminate_together(pids)
         for set_id in launched:
             if left and self._launcher.ask_engines_to_exit:
                 self._launcher.forget(self._cluster.engines.pop(set_id, None))

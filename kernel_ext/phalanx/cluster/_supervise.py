@@ -23,6 +23,7 @@ import runpy
 import sys
 import threading
 import time
+import traceback
 
 PARENT_PID = "PHALANX_PARENT_PID"
 PARENT_START = "PHALANX_PARENT_START"   # the parent's start time: a reused pid is not our kernel
@@ -103,7 +104,30 @@ def main(argv: list[str]) -> None:
     start_watchdog()
     module = argv[0]
     sys.argv = [module] + argv[1:]
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    code = 0
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # ipyparallel's engine ends this way when stopped by SIGTERM
+        traceback.print_exc()
+        code = 1
+    _exit_now(code)
+
+
+def _exit_now(code: int) -> None:
+    """Exit without tearing down the interpreter: with torch imported, the teardown's garbage
+    collection alone takes over a second, and nothing here needs it.  What a normal exit would
+    still do that matters, runs first: the atexit handlers and flushing the output."""
+    import atexit
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(code)
 
 
 if __name__ == "__main__":
