@@ -57,7 +57,11 @@ def _start(d: dict) -> list[dict]:
                  f"{d['phalanx_ready_s']['median']:.2f} s vs {d['bare_ipyparallel_s']['median']:.2f} s"),
             _row("cluster_start", "bare ipyparallel start / start to first cell run",
                  d["ratio_first_cell_vs_bare"], "reported", None,
-                 f"{d['phalanx_first_cell_s']['median']:.2f} s")]
+                 f"{d['phalanx_first_cell_s']['median']:.2f} s")] + ([
+            _row("cluster_start", "bare ipyparallel stop / %cluster stop, every process gone",
+                 d["ratio_stop_vs_bare"], ">= 1x", d["ratio_stop_vs_bare"] >= 1,
+                 f"{d['phalanx_stop_s']['median']:.2f} s vs {d['bare_ipyparallel_stop_s']['median']:.2f} s")]
+            if "ratio_stop_vs_bare" in d else [])  # results written before stops were timed
 
 
 def _generic(section: str) -> Callable[[dict], list[dict]]:
