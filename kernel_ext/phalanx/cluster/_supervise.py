@@ -109,8 +109,10 @@ def main(argv: list[str]) -> None:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if exc.code is not None and not isinstance(exc.code, int):
+            print(exc.code, file=sys.__stderr__)
     except BaseException:  # ipyparallel's engine ends this way when stopped by SIGTERM
-        traceback.print_exc()
+        traceback.print_exc(file=sys.__stderr__)
         code = 1
     _exit_now(code)
 
@@ -118,11 +120,13 @@ def main(argv: list[str]) -> None:
 def _exit_now(code: int) -> None:
     """Exit without tearing down the interpreter: with torch imported, the teardown's garbage
     collection alone takes over a second, and nothing here needs it.  What a normal exit would
-    still do that matters, runs first: the atexit handlers and flushing the output."""
+    still do that matters, runs first: the atexit handlers and flushing the process's own
+    output (the log file); ``sys.stdout`` may still be the engine's stream to the kernel, whose
+    flush would wait for a publisher that has stopped."""
     import atexit
 
     atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
+    for stream in (sys.__stdout__, sys.__stderr__):
         try:
             stream.flush()
         except Exception:
