@@ -1,12 +1,15 @@
-"""A run of a million rows in the JupyterLab panel, in a real JupyterLab in headless Chromium.
+"""A run of a million rows in the JupyterLab panel and under its cell, in a real JupyterLab in
+headless Chromium.
 
 The rows go through the kernel's real receiving path (:meth:`RunTracker.on_batch`, the function
 the metrics receiver calls, then the run's publisher, the event bus and the lab comm) without
 training a million steps: two ranks of 500,000 logged steps each, with a spike on one rank.
-The panel gets every row live and keeps a bounded number of points per line; a click stays
-quick while the rows stream in; a reloaded page gets the downsampled curves, not every row; a
-drag across the chart is answered with that window at full resolution from the kernel's
-history (on disk by then).  Times are printed, not asserted.
+The cell shows the live view a ``%%distributed_fit`` cell shows (:class:`RunDisplay`, the
+magic's own), then the run's static summary.  The panel gets every row live and keeps a
+bounded number of points per line, and so does the view under the cell; a click stays quick
+while the rows stream in; the summary stays small; a reloaded page gets the downsampled
+curves, not every row; a drag across the chart is answered with that window at full
+resolution from the kernel's history (on disk by then).  Times are printed, not asserted.
 """
 
 from __future__ import annotations
@@ -40,12 +43,16 @@ FEED = f"""import time
 import numpy as np
 import phalanx
 from phalanx import events
+from phalanx.fit._record import RunRecord
 from phalanx.fit._tracker import RunTracker
+from phalanx.widgets._display import RunDisplay
 
 session = phalanx.get_session()
 tracker = RunTracker("day-run-1", {RANKS}, {STEPS}, session.events.emit)
 session.events.emit(events.run_started("day-run-1", {RANKS}, {STEPS}, "allreduce", name="day-long"))
 session.fits.active = tracker
+shown = RunDisplay(session, get_ipython())   # what the magic shows under the cell
+shown.start(tracker, "day-long")
 tracker.start()
 began = time.perf_counter()
 BATCH = 2_500
@@ -61,6 +68,13 @@ for start in range(0, {STEPS}, BATCH):
 fed = time.perf_counter() - began
 tracker.stop()      # publishes the rest, finishes the curves, moves the history to disk
 session.events.emit(events.run_ended("day-run-1", "done", time.perf_counter() - began))
+# The record a finished run leaves (as fit/_run.py makes it): the summary is drawn from it.
+session.fits.last = RunRecord("day-run-1", "day-long", "done", {RANKS}, fed,
+                              {{r: {STEPS} for r in range({RANKS})}}, tracker.history,
+                              digest=tracker.digest)
+summary = shown.finish()
+if summary is not None:
+    display(summary, metadata=summary.metadata)
 print(len(tracker.history), round(fed, 1))"""
 
 LOAD, FEED_CELL = range(2)
@@ -94,6 +108,27 @@ def _range(panel) -> tuple[int, int]:
     return int(float(lo)), int(float(hi))
 
 
+# The points of every line of the live view under the cell, as BokehJS holds them in the page.
+CELL_VIEW_POINTS = """() => {
+    const lines = [];
+    for (const doc of (window.Bokeh && window.Bokeh.documents) || []) {
+        for (const model of doc.all_models) {
+            if (model.type === 'ColumnDataSource' && model.data.y !== undefined) {
+                const y = Array.from(model.data.y);
+                const x = Array.from(model.data.x);
+                lines.push({n: y.length, max: y.length ? Math.max(...y) : null,
+                            last: x.length ? x[x.length - 1] : null});
+            }
+        }
+    }
+    return lines;
+}"""
+
+
+def _cell_view_lines(page) -> list[dict]:
+    return page.evaluate(CELL_VIEW_POINTS)
+
+
 def _timed_click(page) -> float:
     return float(page.evaluate(TIME_CLICK))
 
@@ -108,10 +143,11 @@ def test_a_million_row_run_stays_bounded_quick_and_zoomable(lab_server, lab_page
         run_cell(page, LOAD)
         panel.locator(".jp-Phalanx-status").filter(has_text="live").wait_for()
         step("phalanx loaded, panel live")
-        clicks = _feed_while_clicking(page, panel)
-        step("a million rows fed, the panel followed them")
+        clicks, live_cell_points = _feed_while_clicking(page, panel)
+        step("a million rows fed, the panel and the cell's view followed them")
         print(f"\nclick answered while rows streamed in: {', '.join(f'{c:.0f}' for c in clicks)} ms")
         _assert_bounded_whole_run(panel)
+        _assert_cell_view_bounded(page, live_cell_points)
         screenshot(page, "phalanx-history-million.png")
         _zoom_shows_full_resolution(page, panel)
         step("zoomed window at full resolution")
@@ -143,10 +179,11 @@ def _feed_while_clicking(page, panel) -> list[float]:
     page.wait_for_function(
         "() => Number(document.querySelector('#phalanx .jp-Phalanx-chart')"
         "?.dataset.linePoints || 0) > 0", timeout=FEED_TIMEOUT_MS)
-    clicks = []
+    clicks, cell_points = [], []
     for _ in range(4):
         clicks.append(_timed_click(page))
         assert _line_points(panel) <= MAX_LINE_POINTS
+        cell_points.extend(line["n"] for line in _cell_view_lines(page))
         page.wait_for_timeout(500)
     panel.locator("section[aria-label='Run'][data-status='done']").wait_for(timeout=FEED_TIMEOUT_MS)
     page.wait_for_function(
@@ -162,7 +199,27 @@ def _feed_while_clicking(page, panel) -> list[float]:
     print(f"\nkernel took {RANKS * STEPS} rows through on_batch in {text.split()[1]} s")
     if _chart(panel).get_attribute("data-log") == "true":
         _timed_click(page)   # back to a linear scale
-    return clicks
+    return clicks, cell_points
+
+
+def _assert_cell_view_bounded(page, live_points: list[int]) -> None:
+    """The view under the cell drew a bounded number of points per line while the rows came and
+    at the end (a rank's line and the mean's: M4's budget, plus the bucket that was filling),
+    the spike and the last step among them; the run's static summary is small."""
+    # While rows came: whatever the view had drawn when sampled (BokehJS may still be loading).
+    assert max(live_points, default=0) <= MAX_LINE_POINTS + 4, live_points
+    lines = _cell_view_lines(page)
+    assert len(lines) == RANKS + 1, lines                 # one per rank and the mean
+    assert all(500 < line["n"] <= MAX_LINE_POINTS + 4 for line in lines), lines
+    assert all(line["last"] == STEPS - 1 for line in lines), lines
+    assert max(line["max"] for line in lines) == SPIKE, lines
+    html = page.evaluate(
+        """() => window.jupyterapp.shell.currentWidget.content.widgets[1].model.outputs.toJSON()
+                 .filter(o => o.data && o.data['text/html'])
+                 .map(o => [].concat(o.data['text/html']).join(''))""")
+    assert html and len(html[-1]) < 300_000, [len(h) for h in html]   # the summary: a small image
+    print(f"view under the cell: {[line['n'] for line in lines]} points per line at the end, "
+          f"at most {max(live_points, default=0)} while rows came; the summary's HTML {len(html[-1]) / 1e3:.0f} kB")
 
 
 def _assert_bounded_whole_run(panel) -> None:
