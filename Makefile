@@ -54,8 +54,9 @@ lab: setup
 lab-command:
 	@echo '$(LAB)'
 
-# The panel's TypeScript unit tests first (seconds), then the Python suite.
+# The linter and the panel's TypeScript unit tests first (seconds), then the Python suite.
 test: setup chromium cluster-daemons
+	$(PY) -m ruff check kernel_ext benchmarks tests scripts notebooks
 	cd labextension && ../$(VENV)/bin/jlpm install --immutable && ../$(VENV)/bin/jlpm test
 	$(PY) -m pytest $(PYTEST_ARGS)
 

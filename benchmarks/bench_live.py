@@ -33,7 +33,6 @@ import json
 import os
 import statistics
 import threading
-import time
 from typing import Any, Callable
 
 import psutil

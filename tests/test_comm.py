@@ -413,8 +413,8 @@ def torch_stall(comm, make, rank):
             comm = make()
         stamp = {}
         if attempt == "abort":
-            threading.Timer(0.2, lambda: (stamp.setdefault("t", time.monotonic()),
-                                          comm.abort("stop pressed"))).start()
+            threading.Timer(0.2, lambda stamp=stamp, comm=comm: (
+                stamp.setdefault("t", time.monotonic()), comm.abort("stop pressed"))).start()
         t0 = time.monotonic()
         try:
             comm.allreduce(x)
@@ -442,8 +442,8 @@ def mpi_child(scenario):
         c = MpiCommunicator(MPI.COMM_WORLD, timeout_s=30 if attempt == "abort" else 0.5)
         stamp = {}
         if attempt == "abort":
-            threading.Timer(0.2, lambda: (stamp.setdefault("t", time.monotonic()),
-                                          c.abort("stop pressed"))).start()
+            threading.Timer(0.2, lambda stamp=stamp, c=c: (
+                stamp.setdefault("t", time.monotonic()), c.abort("stop pressed"))).start()
         t0 = time.monotonic()
         try:
             c.allreduce(x)

@@ -16,7 +16,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 HERE = Path(__file__).resolve()
 KERNEL_EXT = HERE.parent.parent / "kernel_ext"
@@ -41,7 +40,7 @@ def test_every_dtype_op_and_shape_matches_gloo(tmp_path):
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    for p, (out, err) in zip(procs, outs):
+    for p, (_, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
     report = json.loads(outs[0][0].strip().splitlines()[-1])
     assert report["checked"] > 400, report["checked"]
@@ -53,7 +52,6 @@ def test_every_dtype_op_and_shape_matches_gloo(tmp_path):
 
 def _inputs(lib: str, dtype: str, shape: str, rank: int, seed: int):
     """This rank's input for one case, and the (contiguous) tensor holding the same values."""
-    import numpy as np
     import torch
 
     g = torch.Generator().manual_seed(seed * 7 + rank)

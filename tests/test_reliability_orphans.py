@@ -73,7 +73,8 @@ def _kill_and_wait(km, procs: list, figures: dict, name: str) -> float:
     took = {}
     for what, group in (("cluster", cluster), ("all", procs)):
         try:
-            wait_for(lambda: not alive(group), GONE_S, interval=0.05, what=f"{what} gone")
+            wait_for(lambda group=group: not alive(group), GONE_S, interval=0.05,
+                     what=f"{what} gone")
         except AssertionError:
             raise AssertionError({pid: roles[pid] for pid in alive(procs)}) from None
         took[what] = round(time.monotonic() - killed, 2)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
-from . import events
+from . import events  # noqa: F401  (the examples below use it)
 
 
 def _finite_metrics(metrics: Mapping[str, Any]) -> dict:

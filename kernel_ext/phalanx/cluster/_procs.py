@@ -7,7 +7,6 @@ touch processes and ipyparallel's client, never the manager's state.
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import socket
 import sys

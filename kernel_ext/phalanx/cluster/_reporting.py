@@ -5,7 +5,6 @@ started elsewhere; mixed into the manager so that its module keeps to starting a
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from ._errors import ClusterError
 from ._procs import ADOPTED, memory_mb

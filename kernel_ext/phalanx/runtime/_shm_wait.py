@@ -42,7 +42,7 @@ class SyncPointsMixin:
         self._seq = c
         if self._futex:
             self._wake_sleepers()
-        for r, peer in self._peers:
+        for _, peer in self._peers:
             if peer.hdr[seg_mod.W_SEQ] < c:
                 self._wait(c, what)
                 break
