@@ -15,6 +15,7 @@ from ._gpus import assign_devices, pinning_env
 from ._probe import warm_up
 from ._ranks import EngineSlot
 from ._registration import await_registration, pin_group
+from ._state import ManagerState
 from ._warden import launched_processes
 
 log = logging.getLogger("phalanx")
@@ -24,7 +25,7 @@ log = logging.getLogger("phalanx")
 _ENGINE_ARGS = ["--IPEngine.max_heartbeat_misses=10"]
 
 
-class EngineStartMixin:
+class EngineStartMixin(ManagerState):
     """New engines for :meth:`start`, :meth:`scale`, :meth:`restart` and :meth:`adopt`."""
 
     def _add_engines(self, count: int, replacing: list[str] | None = None) -> None:
@@ -78,6 +79,7 @@ class EngineStartMixin:
     def _start_set(self, set_id: str, count: int, env: dict[str, str]) -> None:
         kwargs = {"engine_args": list(_ENGINE_ARGS),
                   **self._launcher.engine_kwargs(set_id, count, env)}
+        assert self._runner is not None and self._warden is not None  # set by start()
         try:
             self._runner.run(self._cluster.start_engines(count, engine_set_id=set_id, **kwargs),
                              timeout=self.timeout)

@@ -59,6 +59,7 @@ class Launcher:
     def __init__(self, options: LaunchOptions) -> None:
         self.options = options
         self.profile_config: Any = None  # the ipyparallel profile's config, once loaded
+        self.profile_dir: Any = None     # ... and its folder
 
     def default_count(self) -> int | None:
         """How many engines ``%cluster start`` without ``-n`` means (``None``: the usual)."""

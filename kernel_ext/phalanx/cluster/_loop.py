@@ -36,7 +36,8 @@ class LoopThread:
 
     def run(self, coro: Awaitable[Any], timeout: float | None = None) -> Any:
         """Run ``coro`` on the loop and wait for its result (re-raising its exception)."""
-        future = asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
+        future: concurrent.futures.Future[Any] = asyncio.run_coroutine_threadsafe(
+            coro, self._loop)  # type: ignore[arg-type]
         try:
             return future.result(timeout)
         except concurrent.futures.TimeoutError:

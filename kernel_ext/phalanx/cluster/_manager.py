@@ -168,6 +168,7 @@ class ClusterManager(StatusMixin, AdoptionMixin, EngineStartMixin):
             self.controller_ip)
         await cluster.start_controller(controller_cmd=supervised("ipyparallel.controller"),
                                        environment=parent_env())
+        assert self._warden is not None  # started just before the controller
         self._warden.watch(launched_processes(cluster.controller))
         cluster.controller.on_stop(self._controller_stopped)
         self.client = await cluster.connect_client()

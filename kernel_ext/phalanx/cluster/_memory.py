@@ -51,7 +51,7 @@ def add_engine_figures(rows: list[dict], samples: dict[int, dict]) -> list[dict]
     """What only an engine knows (its GPU memory) from its last sample into ``rows``; the RSS
     read here stays where there is one (it is newer)."""
     for row in rows:
-        sample = samples.get(row.get("rank"))
+        sample = samples.get(row.get("rank", -1))
         if sample:
             row.update({k: sample[k] for k in _CUDA_KEYS if k in sample})
             if row.get("memory_mb") is None:
@@ -62,7 +62,7 @@ def add_engine_figures(rows: list[dict], samples: dict[int, dict]) -> list[dict]
 def merge_samples(rows: list[dict], samples: dict[int, dict]) -> list[dict]:
     """The engines' latest samples of a run going (``RunMemory.latest()``) into ``rows``."""
     for row in rows:
-        sample = samples.get(row.get("rank"))
+        sample = samples.get(row.get("rank", -1))
         if sample:
             row["memory_mb"] = sample.get("rss_mb", row.get("memory_mb"))
     return add_engine_figures(rows, samples)

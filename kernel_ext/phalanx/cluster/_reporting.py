@@ -9,9 +9,10 @@ import os
 from ._errors import ClusterError
 from ._procs import ADOPTED, memory_mb
 from ._ranks import EngineSlot
+from ._state import ManagerState
 
 
-class StatusMixin:
+class StatusMixin(ManagerState):
     """Rows for ``%cluster status`` and the processes behind them."""
 
     def process_ids(self) -> dict[str, list[int]]:
@@ -65,7 +66,7 @@ class StatusMixin:
                 if isinstance(q, dict) and (q.get("tasks", 0) or q.get("queue", 0))}
 
 
-class AdoptionMixin:
+class AdoptionMixin(ManagerState):
     """Engines phalanx did not start, given ranks of the cluster."""
 
     def engine_connection_file(self) -> str:

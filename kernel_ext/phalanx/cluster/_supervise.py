@@ -128,7 +128,8 @@ def _exit_now(code: int) -> None:
     atexit._run_exitfuncs()
     for stream in (sys.__stdout__, sys.__stderr__):
         try:
-            stream.flush()
+            if stream is not None:
+                stream.flush()
         except Exception:
             pass
     os._exit(code)

@@ -61,6 +61,7 @@ class Warden:
 
     def __init__(self, proc: subprocess.Popen | None) -> None:
         self._proc = proc
+        self._stdin = proc.stdin if proc is not None else None  # how it gets its orders
         self._lock = threading.Lock()
 
     @classmethod
@@ -99,7 +100,8 @@ class Warden:
         self._send("stop\n")
         with self._lock:
             try:
-                self._proc.stdin.close()
+                if self._stdin is not None:
+                    self._stdin.close()
             except OSError:
                 pass
         try:
@@ -110,12 +112,12 @@ class Warden:
             self._proc.wait()
 
     def _send(self, text: str) -> None:
-        if self._proc is None or not text:
+        if self._stdin is None or not text:
             return
         with self._lock:
             try:
-                self._proc.stdin.write(text.encode())
-                self._proc.stdin.flush()
+                self._stdin.write(text.encode())
+                self._stdin.flush()
             except (OSError, ValueError) as exc:  # it died, or was closed
                 log.warning("phalanx: the cluster's watchdog is gone (%s)", exc)
 

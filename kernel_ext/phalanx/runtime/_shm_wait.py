@@ -25,13 +25,19 @@ _LIVENESS_EVERY_S = 0.02
 
 
 class SyncPointsMixin:
-    """Posting and waiting; mixed into ShmCommunicator, which owns the state named below.
+    """Posting and waiting; mixed into ShmCommunicator, which owns the state declared here."""
 
-    ``rank``, ``timeout_s``; ``_segs`` (every rank's Segment) and ``_peers`` (rank, Segment)
-    pairs of the others; ``_seq`` (sync points posted), ``_done`` (collectives completed),
-    ``_abandoned`` (sync point given up in), ``_abort_reason``, and the waiting knobs ``_futex``,
-    ``_spin_s``, ``_yield_s``.
-    """
+    rank: int
+    timeout_s: float
+    _segs: list[seg_mod.Segment]               # every rank's segment
+    _peers: list[tuple[int, seg_mod.Segment]]  # (rank, segment) of the others
+    _seq: int                                  # sync points posted
+    _done: int                                 # collectives completed
+    _abandoned: int                            # the sync point given up in
+    _abort_reason: str | None
+    _futex: bool                               # sleep on a futex in long waits (else nap)
+    _spin_s: float                             # how long to spin, then yield, before sleeping
+    _yield_s: float
 
     def _sync(self, sig: int, what: str) -> None:
         """Post the next sync point and wait until every peer posted it too."""
