@@ -90,20 +90,6 @@ KNOWN_CYCLES = {
     # the launcher registry imports the launchers that subclass its base
     "cluster._batch -> cluster._launchers -> cluster._batch",
     "cluster._launchers -> cluster._ssh -> cluster._launchers",
-    # nodes and machines fit, evaluate and draw themselves through the modules built on them
-    "network._display -> network._events -> network._plan -> network._graph -> network._display",
-    "network._display -> network._events -> network._plan -> network._topology -> network._graph"
-    " -> network._display",
-    "network._display -> network._events -> network._topology -> network._graph -> network._display",
-    "network._events -> network._plan -> network._graph -> network._scheduler -> network._events",
-    "network._events -> network._plan -> network._topology -> network._graph -> network._scheduler"
-    " -> network._events",
-    "network._events -> network._topology -> network._graph -> network._scheduler -> network._events",
-    "network._graph -> network._scheduler -> network._graph",
-    "network._graph -> network._scheduler -> network._plan -> network._graph",
-    "network._graph -> network._scheduler -> network._plan -> network._topology -> network._graph",
-    "network._graph -> network._scheduler -> network._topology -> network._graph",
-    "network._graph -> network._topology -> network._graph",
     # the engine state holds the commit store; held_commits reads the engine state
     "runtime._checkpoint -> runtime._state -> runtime._checkpoint",
 }

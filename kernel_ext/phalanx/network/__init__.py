@@ -26,11 +26,17 @@ Example::
 
 from typing import Any
 
+from . import _display, _hooks, _scheduler
 from ._dask import dask_client, stop_dask
 from ._errors import MachineFitError, NetworkError
 from ._events import network_event
 from ._fitlog import FitLog
 from ._graph import Machine, Node, Source, machine, node, source
+
+# Nodes and machines fit, compute and draw themselves through the layers built on them; they
+# find those layers here rather than importing them (see ._hooks).
+_hooks.install(_hooks.Hooks(fit=_scheduler.fit_network, evaluate=_scheduler.evaluate,
+                            draw=_display.network_html))
 
 __all__ = [
     "FitLog",

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from html import escape
 from typing import Any
 
+from ._events import network_event
+
 STATE_COLOURS = {
     "fresh": "#e0e0e0", "stale": "#ffd27f", "queued": "#b3d4ff",
     "fitting": "#5aa0ff", "fitted": "#9ad29a", "failed": "#f28b82",
@@ -129,7 +131,5 @@ def _clip(text: str, limit: int = 20) -> str:
 
 def network_html(target: Any) -> str:
     """HTML for a node or machine: the drawing of its network with current states."""
-    from ._events import network_event
-
     event = network_event(target)
     return f'<div class="phalanx-network">{render_svg(event)}</div>'

@@ -24,7 +24,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ..events import network_state
-from ._topology import Network, operation_closure
+from ._graph import operation_closure
+from ._plan import make_plan
+from ._topology import Network
 
 log = logging.getLogger("phalanx")
 
@@ -40,8 +42,6 @@ def network_event(target: Any, network_id: str | None = None) -> dict:
         >>> network_event(yhat)["type"]      # doctest: +SKIP
         'network'
     """
-    from ._plan import make_plan
-
     network = Network([target])
     plan = make_plan(network, preview=True)
     states = {s.name: _rest_state(s.machine, s.runs) for s in plan.steps}

@@ -4,8 +4,8 @@ A :class:`Source` holds data; a :class:`Machine` binds an estimator to training 
 keeps what its last fit produced; a :class:`Node` is a value computed on demand, either by a
 machine's method (``pca.transform(W)``) or by a plain function (a *static* node).
 
-Nothing here fits or schedules anything: ``Node.fit`` and calling a node hand the graph to
-:mod:`._scheduler`.
+Nothing here fits, schedules or draws anything: ``Node.fit``, calling a node and its notebook
+drawing hand the graph to the layers the package installs in :mod:`._hooks`.
 
 Example::
 
@@ -24,11 +24,14 @@ from __future__ import annotations
 
 import operator
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from ._errors import NetworkError
 from ._fingerprint import select_rows
+from ._fitlog import FitLog
+from ._hooks import hooks
 from ._rules import MachineState
 
 # Methods a machine exposes as node-building operations.
@@ -74,7 +77,7 @@ class Node:
     @property
     def label(self) -> str:
         """Short human description, used in error messages."""
-        if self.kind == "operation":
+        if self.machine is not None:   # an operation node
             return f"{self.machine.name}.{self.method}(...)"
         return self.name
 
@@ -83,7 +86,7 @@ class Node:
 
     # --- fitting and calling --------------------------------------------------------------------
     def fit(self, rows: Any = None, force: bool = False, cluster: Any = None,
-            on_event: Callable[[dict], None] | None = None):
+            on_event: Callable[[dict], None] | None = None) -> FitLog:
         """Fit every machine this node depends on, retraining only what changed.
 
         ``rows`` restricts all sources to those rows for training; ``force`` refits every
@@ -98,9 +101,7 @@ class Node:
             >>> log.actions                        # doctest: +SKIP
             {'stand': 'fit', 'pca': 'fit', 'ridge': 'fit', 'tree': 'fit'}
         """
-        from ._scheduler import fit_network
-
-        return fit_network([self], rows=rows, force=force, cluster=cluster, on_event=on_event)
+        return hooks().fit([self], rows=rows, force=force, cluster=cluster, on_event=on_event)
 
     def __call__(self, *new_data: Any, rows: Any = None) -> Any:
         """Compute the node: on the training data, on ``rows`` of it, or on new data.
@@ -111,25 +112,20 @@ class Node:
             >>> yhat(rows=[0, 1])   # doctest: +SKIP
             >>> yhat(X_new)         # doctest: +SKIP
         """
-        from ._scheduler import evaluate
-
         if len(new_data) > 1:
             raise NetworkError(f"{self.label}: pass at most one new data set, got {len(new_data)}")
         if new_data and rows is not None:
             raise NetworkError(f"{self.label}: give either new data or rows, not both")
-        return evaluate(self, rows=rows, new_data=new_data[0] if new_data else _NO_DATA)
+        return hooks().evaluate(self, rows=rows,
+                                new_data=new_data[0] if new_data else _NO_DATA)
 
     @property
     def origins(self) -> list[Source]:
         """The sources this node's value is computed from (training edges excluded)."""
-        from ._topology import operation_closure
-
         return operation_closure([self]).sources
 
     def _repr_html_(self) -> str:
-        from ._display import network_html
-
-        return network_html(self)
+        return hooks().draw(self)
 
     # --- arithmetic builds static nodes --------------------------------------------------------
     def __add__(self, other): return node(operator.add, self, other)
@@ -249,11 +245,9 @@ class Machine:
         return self
 
     def fit(self, rows: Any = None, force: bool = False, cluster: Any = None,
-            on_event: Callable[[dict], None] | None = None):
+            on_event: Callable[[dict], None] | None = None) -> FitLog:
         """Fit this machine and what it depends on (see :meth:`Node.fit`)."""
-        from ._scheduler import fit_network
-
-        return fit_network([self], rows=rows, force=force, cluster=cluster, on_event=on_event)
+        return hooks().fit([self], rows=rows, force=force, cluster=cluster, on_event=on_event)
 
     # --- operations -----------------------------------------------------------------------------
     def operation(self, method: str, *args: Any) -> Any:
@@ -309,9 +303,7 @@ class Machine:
         return f"<Machine {self.name!r} {type(self._model).__name__} {self.status}>"
 
     def _repr_html_(self) -> str:
-        from ._display import network_html
-
-        return network_html(self)
+        return hooks().draw(self)
 
 
 class _NoData:
@@ -338,6 +330,34 @@ def _check_shippable(n: Node) -> None:
         raise NetworkError(
             f"static node {n.name!r}{where} cannot be shipped to engines: "
             f"{type(exc).__name__}: {exc}") from exc
+
+
+@dataclass
+class Closure:
+    """Everything reachable from some nodes through operation edges, in discovery order."""
+
+    nodes: list[Node] = field(default_factory=list)
+    machines: list[Machine] = field(default_factory=list)
+    sources: list[Source] = field(default_factory=list)
+
+
+def operation_closure(roots: Iterable[object]) -> Closure:
+    """Nodes, machines and sources that the values of ``roots`` (constants ignored) come from."""
+    out, seen, seen_m = Closure(), set(), set()
+    stack = list(reversed([r for r in roots if isinstance(r, Node)]))
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        out.nodes.append(n)
+        if isinstance(n, Source):
+            out.sources.append(n)
+        if n.machine is not None and id(n.machine) not in seen_m:
+            seen_m.add(id(n.machine))
+            out.machines.append(n.machine)
+        stack.extend(reversed([a for a in n.args if isinstance(a, Node)]))
+    return out
 
 
 # --- constructors -----------------------------------------------------------------------------

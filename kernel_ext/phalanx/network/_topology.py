@@ -19,39 +19,10 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 
 from ._errors import NetworkError
-from ._graph import Machine, Node, Source
-
-
-@dataclass
-class Closure:
-    """Everything reachable from some nodes through operation edges, in discovery order."""
-
-    nodes: list[Node] = field(default_factory=list)
-    machines: list[Machine] = field(default_factory=list)
-    sources: list[Source] = field(default_factory=list)
-
-
-def operation_closure(roots: Iterable[Node]) -> Closure:
-    """Nodes, machines and sources that the values of ``roots`` are computed from."""
-    out, seen, seen_m = Closure(), set(), set()
-    stack = list(reversed([r for r in roots if isinstance(r, Node)]))
-    while stack:
-        n = stack.pop()
-        if id(n) in seen:
-            continue
-        seen.add(id(n))
-        out.nodes.append(n)
-        if isinstance(n, Source):
-            out.sources.append(n)
-        if n.machine is not None and id(n.machine) not in seen_m:
-            seen_m.add(id(n.machine))
-            out.machines.append(n.machine)
-        stack.extend(reversed([a for a in n.args if isinstance(a, Node)]))
-    return out
+from ._graph import Closure, Machine, Node, Source, operation_closure
 
 
 class Network:
