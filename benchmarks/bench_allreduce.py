@@ -51,8 +51,8 @@ def connect():
     import torch.distributed as dist
     from mpi4py import MPI
 
-    from phalanx.runtime._comm_torch import TorchCommunicator
-    from phalanx.runtime._shm import ShmCommunicator
+    from phalanx.runtime.transport._comm_torch import TorchCommunicator
+    from phalanx.runtime.transport._shm import ShmCommunicator
 
     world = MPI.COMM_WORLD
     rank, n = world.Get_rank(), world.Get_size()

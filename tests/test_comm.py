@@ -21,9 +21,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from phalanx.runtime._comm import (Backoff, CollectiveAborted, CollectiveMismatch,
-                                   CollectiveTimeout, Communicator, check_op,
-                                   make_thread_communicators, process_alive, process_start_time)
+from phalanx.runtime.transport._comm import (Backoff, CollectiveAborted, CollectiveMismatch,
+                                             CollectiveTimeout, Communicator, check_op,
+                                             make_thread_communicators, process_alive,
+                                             process_start_time)
 
 HERE = Path(__file__).resolve()
 KERNEL_EXT = HERE.parent.parent / "kernel_ext"
@@ -197,8 +198,9 @@ def test_backoff_expires():
     assert b.nap > 10e-6
 
 
-@pytest.mark.parametrize("module", ["_comm", "_comm_util", "_shm_layout", "_shm_segment",
-                                    "_shm_futex", "_threads"])
+@pytest.mark.parametrize("module", ["transport._comm", "transport._comm_util",
+                                    "transport._shm_layout", "transport._shm_segment",
+                                    "transport._shm_futex", "_threads"])
 def test_docstring_examples_run(module):
     import doctest
     import importlib
@@ -207,7 +209,8 @@ def test_docstring_examples_run(module):
 
 
 def test_importing_comm_loads_neither_torch_nor_mpi():
-    code = ("import sys, phalanx.runtime._comm, phalanx.runtime._shm, phalanx.runtime._sync;"
+    code = ("import sys, phalanx.runtime.transport._comm, phalanx.runtime.transport._shm,"
+            " phalanx.runtime._sync;"
             "print(sorted(m for m in ('torch', 'mpi4py', 'IPython', 'ipywidgets')"
             " if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
@@ -366,7 +369,7 @@ def torch_child(scenario, rank, store_path):
     import torch
     import torch.distributed as dist
 
-    from phalanx.runtime._comm import TorchCommunicator
+    from phalanx.runtime.transport._comm import TorchCommunicator
     torch.set_num_threads(1)
     store = dist.FileStore(store_path, 2)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2,
@@ -426,7 +429,7 @@ def torch_stall(comm, make, rank):
 def mpi_child(scenario):
     from mpi4py import MPI
 
-    from phalanx.runtime._comm import MpiCommunicator
+    from phalanx.runtime.transport._comm import MpiCommunicator
     comm = MpiCommunicator(MPI.COMM_WORLD, timeout_s=0.5)
     if scenario == "ops":
         check_ops(comm, lambda a: np.array(a, copy=True))

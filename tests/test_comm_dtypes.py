@@ -134,9 +134,9 @@ def _transports(rank: int, store_file: str, gid: str) -> dict:
     import torch.distributed as dist
 
     from phalanx.runtime._collectives import Collectives
-    from phalanx.runtime._comm_torch import TorchCommunicator
+    from phalanx.runtime.transport._comm_torch import TorchCommunicator
     from phalanx.runtime._group import GroupHandle, GroupSpec
-    from phalanx.runtime._shm import ShmCommunicator
+    from phalanx.runtime.transport._shm import ShmCommunicator
 
     dist.init_process_group("gloo", store=dist.FileStore(store_file, 2), rank=rank, world_size=2)
     torch_comm = TorchCommunicator(timeout_s=60)

@@ -104,7 +104,7 @@ def test_killed_kernel_leaves_no_process_scratch_dir_or_segment(tmp_path, figure
         cleanup.callback(_unlink, f"/dev/shm/{segment}")  # even when the test fails
         # what a rank killed inside its rendezvous leaves: a segment no one unlinks
         execute(client, "get_session().cluster.view([0]).execute("
-                        "'from phalanx.runtime._shm_segment import Segment\\n"
+                        "'from phalanx.runtime.transport._shm_segment import Segment\\n"
                         f"leftover = Segment.create(\"/{segment}\", slot_bytes=4096)', block=True)")
         kernel_pid = km.provisioner.pid
         seen += psutil.Process(kernel_pid).children(recursive=True)

@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from phalanx.runtime._comm import CollectiveAborted, CollectiveTimeout, PeerDied
-from phalanx.runtime._shm import ShmCommunicator
-from phalanx.runtime._shm_segment import Segment, cleanup_stale, segment_name
+from phalanx.runtime.transport._comm import CollectiveAborted, CollectiveTimeout, PeerDied
+from phalanx.runtime.transport._shm import ShmCommunicator
+from phalanx.runtime.transport._shm_segment import Segment, cleanup_stale, segment_name
 
 HERE = Path(__file__).resolve()
 KERNEL_EXT = HERE.parent.parent / "kernel_ext"
@@ -214,7 +214,7 @@ def test_rendezvous_abort(group):
 
 def test_stale_segment_of_a_killed_creator_is_reclaimed(group):
     code = ("import os, sys; sys.path.insert(0, sys.argv[1]);"
-            "from phalanx.runtime._shm_segment import Segment;"
+            "from phalanx.runtime.transport._shm_segment import Segment;"
             f"Segment.create({segment_name(group, 0)!r}, 4096); print('made', flush=True);"
             "import time; time.sleep(60)")
     child = subprocess.Popen([sys.executable, "-c", code, str(KERNEL_EXT)], stdout=subprocess.PIPE,
@@ -236,7 +236,7 @@ def test_stale_segment_of_a_killed_creator_is_reclaimed(group):
 def test_cleanup_stale_removes_only_dead_creators(group):
     live = Segment.create(segment_name(group, 0), 4096)
     code = ("import sys; sys.path.insert(0, sys.argv[1]);"
-            "from phalanx.runtime._shm_segment import Segment;"
+            "from phalanx.runtime.transport._shm_segment import Segment;"
             f"Segment.create({segment_name(group, 1)!r}, 4096)")
     subprocess.run([sys.executable, "-c", code, str(KERNEL_EXT)], check=True, timeout=30)
     assert ours(group) == [f"phx_{group}_0", f"phx_{group}_1"]

@@ -173,7 +173,8 @@ def test_public_strategy_api_and_its_examples():
     import phalanx
     import phalanx.runtime
     from phalanx.fit import _strategy
-    from phalanx.runtime import _comm, _sync
+    from phalanx.runtime import _sync
+    from phalanx.runtime.transport import _comm
 
     assert phalanx.SyncStrategy is phalanx.runtime.SyncStrategy is _sync.SyncStrategy
     assert phalanx.param_values is _sync.param_values and phalanx.param_grads is _sync.param_grads

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from phalanx.runtime._comm import make_thread_communicators
+from phalanx.runtime.transport._comm import make_thread_communicators
 from phalanx.runtime._sync import (EASGD, AllreduceSync, LocalSGD, NoSync, SyncStrategy,
                                    make_strategy, param_grads)
 

@@ -231,7 +231,7 @@ def _remove_kernel_temp(tmp: str) -> None:
     engines now among them): the rules that say what is stale live with the code that made it."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from phalanx._scratch import reap_orphans
-    from phalanx.runtime._shm_segment import cleanup_stale
+    from phalanx.runtime.transport._shm_segment import cleanup_stale
 
     reap_orphans(tmp)
     cleanup_stale()

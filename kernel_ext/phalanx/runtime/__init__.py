@@ -2,6 +2,9 @@
 
 Imports neither IPython nor ipywidgets: it runs in plain engine processes.
 
+How the engines exchange arrays (shared memory, torch.distributed, MPI) is in
+:mod:`.transport`; the modules here are what a cell's run uses: hooks, collectives, checkpoints.
+
 Your own sync strategy
 ----------------------
 Subclass :class:`SyncStrategy` and override its hooks (``start``, ``before_step`` after
@@ -17,7 +20,7 @@ Example (two ranks as threads, with the in-process communicator used for testing
 
     >>> import threading, numpy as np
     >>> from phalanx import SyncStrategy, param_values
-    >>> from phalanx.runtime._comm import make_thread_communicators
+    >>> from phalanx.runtime.transport._comm import make_thread_communicators
     >>> class EveryThird(SyncStrategy):
     ...     def after_step(self, params, step):
     ...         if step % 3 == 2:
@@ -50,7 +53,7 @@ __all__ = ["log", "allreduce", "broadcast", "barrier", "wrap", "no_sync", "bytes
 
 # What a strategy needs, loaded on first use: importing phalanx must stay cheap (no numpy).
 _STRATEGY_API = {"SyncStrategy": "._sync", "param_values": "._sync", "param_grads": "._sync",
-                 "Communicator": "._comm"}
+                 "Communicator": ".transport._comm"}
 
 
 def __getattr__(name: str) -> object:

@@ -80,7 +80,7 @@ def form_group(spec: GroupSpec) -> GroupHandle:
     """Rendezvous through the kernel's store and build the communicators."""
     import torch.distributed as dist
 
-    from ._comm import TorchCommunicator
+    from .transport._comm_torch import TorchCommunicator
 
     _destroy_torch_group()
     timeout = datetime.timedelta(seconds=spec.timeout_s)
@@ -108,11 +108,11 @@ def form_group(spec: GroupSpec) -> GroupHandle:
     if spec.backend == "mpi":
         from mpi4py import MPI
 
-        from ._comm import MpiCommunicator
+        from .transport._comm_mpi import MpiCommunicator
 
         handle.mpi_comm = MpiCommunicator(MPI.COMM_WORLD)
     elif spec.backend != "nccl" and len(set(spec.hosts)) == 1:
-        from ._shm import ShmCommunicator
+        from .transport._shm import ShmCommunicator
 
         group_id = hashlib.sha1(spec.key.encode()).hexdigest()[:12]
         handle.shm_comm = ShmCommunicator(group_id, spec.rank, spec.world_size,

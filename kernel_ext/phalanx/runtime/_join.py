@@ -21,7 +21,7 @@ a longer shard is averaged over itself alone, as one process would).
 Example (threads as ranks: rank 1 has one step less)::
 
     >>> import threading
-    >>> from phalanx.runtime._comm import make_thread_communicators
+    >>> from phalanx.runtime.transport._comm import make_thread_communicators
     >>> comms = make_thread_communicators(2)
     >>> seen = {}
     >>> def rank(comm, steps):

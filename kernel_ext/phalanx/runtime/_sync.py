@@ -25,7 +25,7 @@ call to call.
 Example::
 
     >>> import numpy as np, threading
-    >>> from phalanx.runtime._comm import make_thread_communicators
+    >>> from phalanx.runtime.transport._comm import make_thread_communicators
     >>> comms = make_thread_communicators(2)
     >>> ws = [np.array([float(c.rank)]) for c in comms]
     >>> def run(c, w):
@@ -46,7 +46,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ._comm import Communicator
+from .transport._comm import Communicator
 
 __all__ = ["SyncStrategy", "AllreduceSync", "LocalSGD", "EASGD", "NoSync", "make_strategy",
            "STRATEGIES", "param_values", "param_grads"]
@@ -261,7 +261,7 @@ def make_strategy(spec: str | type, comm: Communicator, every: int = 1,
 
     Example::
 
-        >>> from phalanx.runtime._comm import make_thread_communicators
+        >>> from phalanx.runtime.transport._comm import make_thread_communicators
         >>> make_strategy("easgd", make_thread_communicators(1)[0], every=4, alpha=0.3)
         EASGD(every=4, alpha=0.3)
     """
