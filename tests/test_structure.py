@@ -90,8 +90,6 @@ KNOWN_CYCLES = {
     # the launcher registry imports the launchers that subclass its base
     "cluster._batch -> cluster._launchers -> cluster._batch",
     "cluster._launchers -> cluster._ssh -> cluster._launchers",
-    # the engine state holds the commit store; held_commits reads the engine state
-    "runtime._checkpoint -> runtime._state -> runtime._checkpoint",
 }
 
 

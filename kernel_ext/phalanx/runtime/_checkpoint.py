@@ -1,4 +1,4 @@
-"""Checkpoints of a run's training state: what one commit holds, where it is kept, how it is read.
+"""Checkpoints of a run's training state: what a commit saves, where it is kept, how it is read.
 
 A commit is taken at a :func:`phalanx.steps` boundary (see :mod:`._resume`) and holds
 
@@ -8,17 +8,12 @@ A commit is taken at a :func:`phalanx.steps` boundary (see :mod:`._resume`) and 
 * the RNG states (``random``, ``numpy``, ``torch`` and CUDA when used) of *every* rank, gathered
   at commit time, so a rank whose engine died can get its own back from any survivor.
 
-Commits live in the engine's memory (the last :data:`KEEP` of the current lineage; a lineage is one
-chain of runs: a run and its ``--resume``s) and, with ``--checkpoint-dir``, on disk as
+Commits live in the engine's memory (the last :data:`~._commits.KEEP` of the current lineage, in
+the :class:`~._commits.CommitStore` of :mod:`._commits`; a lineage is one chain of runs: a run and
+its ``--resume``s) and, with ``--checkpoint-dir``, on disk as
 ``DIR/<lineage>/rank-<r>/step-<S>.pt`` (written to a temporary name, then renamed: a reader never
 sees half a file).  Everything is stored as tensors and plain Python types, so reading a commit
 uses ``torch.load(weights_only=True)`` and never unpickles code.
-
-Example::
-
-    >>> c = Commit(step=10, opt_steps=10, world_size=2, state=b"", rng=[b"", b""])
-    >>> store = CommitStore(); store.add("k", c); store.steps("k")
-    [10]
 """
 
 from __future__ import annotations
@@ -26,49 +21,10 @@ from __future__ import annotations
 import io
 import os
 import re
-from dataclasses import dataclass
 from typing import Any
 
-KEEP = 2  # commits kept per lineage: the last one may be incomplete on some rank when a run dies
-
-
-@dataclass
-class Commit:
-    """One rank's view of one commit."""
-
-    step: int               # loop iterations completed: the resumed loop starts at this index
-    opt_steps: int          # optimizer steps counted by the hooks (metrics continue from here)
-    world_size: int
-    state: bytes            # torch.save({name: state_dict})
-    rng: list[bytes]        # torch.save(RNG states) of every rank, by rank
-
-
-class CommitStore:
-    """The commits an engine holds in memory (one lineage at a time, the last :data:`KEEP`)."""
-
-    def __init__(self) -> None:
-        self._key: str | None = None
-        self._commits: list[Commit] = []
-
-    def add(self, key: str, commit: Commit) -> None:
-        if key != self._key:  # a new lineage replaces the old one: memory stays bounded
-            self._key, self._commits = key, []
-        self._commits = [c for c in self._commits if c.step < commit.step] + [commit]
-        del self._commits[:-KEEP]
-
-    def steps(self, key: str) -> list[int]:
-        return [c.step for c in self._commits] if key == self._key else []
-
-    def get(self, key: str, step: int) -> Commit | None:
-        if key != self._key:
-            return None
-        return next((c for c in self._commits if c.step == step), None)
-
-    def prune_after(self, key: str, step: int) -> None:
-        """Forget commits past ``step``: they belong to a timeline that was abandoned."""
-        if key == self._key:
-            self._commits = [c for c in self._commits if c.step <= step]
-
+from ._commits import KEEP, Commit
+from ._state import engine_state
 
 # --- what is saved ------------------------------------------------------------------------------
 
@@ -159,7 +115,7 @@ def rank_dir(directory: str, key: str, rank: int) -> str:
 
 
 def write_commit(directory: str, key: str, rank: int, commit: Commit) -> str:
-    """Write this rank's part of ``commit`` (its own RNG only); keep the last :data:`KEEP`."""
+    """Write this rank's part of ``commit`` (its own RNG only); keep the last ``KEEP``."""
     folder = rank_dir(directory, key, rank)
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, f"step-{commit.step}.pt")
@@ -199,7 +155,5 @@ def read_commit(directory: str, key: str, rank: int, step: int) -> tuple[Commit,
 
 def held_commits(key: str, directory: str | None, rank: int) -> dict[str, list[int]]:
     """Steps of ``key`` this engine holds in memory and this rank has on disk (runs on engines)."""
-    from ._state import engine_state
-
     return {"memory": engine_state().commits.steps(key),
             "disk": disk_steps(directory, key, rank)}

@@ -23,6 +23,7 @@ import os
 from typing import Any, Iterator
 
 from . import _checkpoint as ck
+from ._commits import Commit
 from ._state import RunContext, engine_state
 
 
@@ -84,8 +85,8 @@ class Checkpointer:
             return
         rng_all, stop = allgather_bytes(run.collectives, ck.capture_rng(), self.rank,
                                         self.world_size, flag=self._resize_requested())
-        commit = ck.Commit(completed, run.steps, self.world_size,
-                           ck.save_state(ck.stateful_objects(run.namespace)), rng_all)
+        commit = Commit(completed, run.steps, self.world_size,
+                        ck.save_state(ck.stateful_objects(run.namespace)), rng_all)
         engine_state().commits.add(self.key, commit)
         if self.directory:
             ck.write_commit(self.directory, self.key, self.rank, commit)
@@ -124,7 +125,7 @@ class Checkpointer:
         engine_state().commits.prune_after(self.key, step)
         return step
 
-    def _held(self, step: int, source: str) -> ck.Commit | None:
+    def _held(self, step: int, source: str) -> Commit | None:
         """This rank's copy of commit ``step`` to send to others (RNG of all ranks if in memory)."""
         if source == "memory":
             return engine_state().commits.get(self.key, step)
@@ -142,12 +143,12 @@ class Checkpointer:
             return commit.state, _own(commit.rng, self.rank), commit.opt_steps
         if source == "disk":
             commit, rng = ck.read_commit(self.directory, self.key, self.rank, step)  # type: ignore[arg-type]
-            engine_state().commits.add(self.key, ck.Commit(step, commit.opt_steps, commit.world_size,
-                                                           commit.state, [b""] * self.rank + [rng]))
+            engine_state().commits.add(self.key, Commit(step, commit.opt_steps, commit.world_size,
+                                                        commit.state, [b""] * self.rank + [rng]))
             return commit.state, rng, commit.opt_steps
         assert from_peer is not None
-        engine_state().commits.add(self.key, ck.Commit(step, from_peer["opt_steps"], self.world_size,
-                                                       from_peer["state"], from_peer["rng"]))
+        engine_state().commits.add(self.key, Commit(step, from_peer["opt_steps"], self.world_size,
+                                                    from_peer["state"], from_peer["rng"]))
         return from_peer["state"], _own(from_peer["rng"], self.rank), from_peer["opt_steps"]
 
 

@@ -12,6 +12,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._commits import CommitStore
+
 
 class NotInRunError(RuntimeError):
     """A runtime helper was called outside a ``%%distributed_fit`` cell."""
@@ -51,8 +53,6 @@ class EngineState:
         self.group: Any = None          # ProcessGroupHandle of the warm group
         self.cache: dict[str, tuple[str, Any]] = {}   # shipped name -> (content hash, object)
         self.run: RunContext | None = None
-        from ._checkpoint import CommitStore
-
         self.commits = CommitStore()    # in-memory checkpoints (survive between cells)
 
 
