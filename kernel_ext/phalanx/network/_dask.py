@@ -35,6 +35,8 @@ from ._tasks import raise_task
 # The cached dask client lives on the ipyparallel client it belongs to, not in this module:
 # its lifetime is that client's, and there is no process-wide registry to clean up.
 _CACHE_ATTR = "_phalanx_dask_client"
+# Likewise the scratch directory of a dask client we started lives on that client.
+_SCRATCH_ATTR = "_phalanx_scratch"
 LOOPBACK = "127.0.0.1"
 
 
@@ -133,7 +135,7 @@ def _start(ipp: Any, targets: list[int], remote: str | None, tls: bool,
             host=LOOPBACK if remote is None else None, dashboard_address=f"{LOOPBACK}:0",
             local_directory=scratch.path if remote is None else None)
         client = DaskClient(scheduler, set_as_default=False)
-        client._phalanx_scratch = scratch
+        setattr(client, _SCRATCH_ATTR, scratch)
         return client
     except BaseException:
         _close_workers(ipp, targets)
@@ -168,8 +170,9 @@ def _stop(ipp: Any, client: Any) -> None:
         finally:
             if scheduler is not None:
                 scheduler.close()
-            if getattr(client, "_phalanx_scratch", None) is not None:
-                client._phalanx_scratch.remove()
+            scratch = getattr(client, _SCRATCH_ATTR, None)
+            if scratch is not None:
+                scratch.remove()
 
 
 def _close_workers(ipp: Any, targets: list[int], wait_s: float = 10.0) -> None:

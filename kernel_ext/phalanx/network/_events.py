@@ -85,7 +85,8 @@ class Reporter:
         if error is None:
             self._set(name, "fitted")
             return
-        ups = self.network.upstream.get(self._by_name.get(name), [])
+        machine = self._by_name.get(name)
+        ups = [] if machine is None else self.network.upstream.get(machine, [])
         cancelled = any(self.states.get(up.name) in ("failed", "stale") for up in ups)
         self._set(name, "stale" if cancelled else "failed")
 

@@ -77,7 +77,9 @@ class NetworkEstimator(BaseEstimator):
                 log = step if log is None else log.merge(step)
         except MachineFitError as err:
             # Behave like the failing component: sklearn callers expect its exception type.
-            raise err.__cause__ from err
+            cause = err.__cause__
+            assert cause is not None   # a fit raises MachineFitError from the first failure
+            raise cause from err
         self._sources, self.network_, self.fit_log_ = sources, outputs, log
         return self
 

@@ -184,7 +184,7 @@ def _feed_array(h: Any, a: np.ndarray, depth: int) -> None:
         for item in a.ravel():
             _feed(h, item, depth + 1)
     else:
-        _feed_buffer(h, memoryview(np.ascontiguousarray(a)).cast("B"))
+        _feed_buffer(h, np.ascontiguousarray(a).data.cast("B"))
 
 
 def _feed_buffer(h: Any, buf: memoryview) -> None:

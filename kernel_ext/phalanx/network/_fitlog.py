@@ -10,7 +10,7 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 
 @dataclass
@@ -39,16 +39,20 @@ class FitLog:
 
     def merge(self, other: FitLog) -> FitLog:
         """This log with ``other``'s entries added where this one only skipped."""
-        out = FitLog(**{k: (dict(v) if isinstance(v, dict) else v) for k, v in vars(self).items()})
+        out = FitLog()
+        for f in fields(self):   # dicts are copied, so merging never changes this log
+            value = getattr(self, f.name)
+            setattr(out, f.name, dict(value) if isinstance(value, dict) else value)
         out.cancelled = [*self.cancelled, *other.cancelled]
         for name, action in other.actions.items():
             if out.actions.get(name, "skip") == "skip":
                 out.actions[name] = action
                 out.reasons[name] = other.reasons.get(name, "")
                 out.times[name] = other.times.get(name, 0.0)
-                for mine, theirs in ((out.spans, other.spans), (out.workers, other.workers)):
-                    if name in theirs:
-                        mine[name] = theirs[name]
+                if name in other.spans:
+                    out.spans[name] = other.spans[name]
+                if name in other.workers:
+                    out.workers[name] = other.workers[name]
         out.failed.update(other.failed)
         out.wall_s = self.wall_s + other.wall_s
         return out

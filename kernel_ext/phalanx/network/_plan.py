@@ -22,7 +22,7 @@ from typing import Any
 
 from ._errors import NetworkError
 from ._fingerprint import fingerprint, n_rows, param_fingerprints, rows_fingerprint, scalar_params
-from ._graph import Machine, Node, operation_closure
+from ._graph import Machine, Node, Source, operation_closure
 from ._rules import FIT, SKIP, UPDATE, FitRecord, decide, same_inputs
 from ._topology import Network
 
@@ -71,7 +71,8 @@ def make_plan(network: Network, rows: Any = None, force: bool = False,
     """
     data = {s.uid: fingerprint(s.data) for s in network.sources}
     rows_fp = rows_fingerprint(rows)
-    names = {x.uid: x.name for x in (*network.sources, *network.machines)}
+    named: list[Source | Machine] = [*network.sources, *network.machines]
+    names = {x.uid: x.name for x in named}
     steps: list[Step] = []
     running: set[Machine] = set()
     for m in network.machines:

@@ -21,6 +21,7 @@ Example::
 from __future__ import annotations
 
 import copy
+import functools
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
@@ -92,8 +93,8 @@ def _execute(plan: FitPlan, backend: Any, reporter: Reporter, cluster: Any) -> d
 
 def _inputs(step: Step, wiring: Wiring, backend: Any) -> list:
     cached = step.machine._inputs
-    usable = step.reuse_inputs and cached is not None and cached[0] == backend.token
-    if usable and backend.valid(cached[1]):
+    if (step.reuse_inputs and cached is not None and cached[0] == backend.token
+            and backend.valid(cached[1])):
         return cached[1]
     return [wiring.handle(a) for a in step.machine.args]
 
@@ -101,6 +102,7 @@ def _inputs(step: Step, wiring: Wiring, backend: Any) -> list:
 def _submit_fit(step: Step, inputs: list, backend: Any, cluster: Any) -> Any:
     m = step.machine
     if step.action == UPDATE:
+        assert m._state.record is not None   # an update is only decided against a last fit
         estimator = backend.own(m.fitted)
         model_params = m.model.get_params(deep=False)
         params = {k: model_params[k] for k in changed_params(m._state.record, step.record)}
@@ -259,7 +261,9 @@ class _Thunk:
 
     def __init__(self, fn: Callable | None, args: tuple) -> None:
         self.fn, self.args = fn, args
-        self.done, self.value, self.error = fn is None, None, None
+        self.done = fn is None   # a thunk without a function holds a value from the start
+        self.value: Any = None
+        self.error: BaseException | None = None
 
 
 class SerialBackend:
@@ -299,7 +303,7 @@ class SerialBackend:
     def as_completed(self, handles: list, deps: dict, on_start: Callable[[Any], None]
                      ) -> Iterator[tuple[Any, BaseException | None, Any]]:
         for h in handles:  # handles come in training order, so this is a valid order
-            self._run(h, before=lambda h=h: on_start(h))
+            self._run(h, before=functools.partial(on_start, h))
             yield h, h.error, h.value
 
     def _run(self, t: _Thunk, before: Callable[[], None] | None = None) -> None:
@@ -316,6 +320,7 @@ class SerialBackend:
             values.append(a)
         if before is not None:
             before()
+        assert t.fn is not None   # only value thunks have none, and they are done
         try:
             t.value = t.fn(*values)
         except Exception as exc:  # noqa: BLE001 - recorded and reported per machine

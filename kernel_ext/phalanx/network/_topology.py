@@ -85,7 +85,7 @@ class Network:
         return order
 
     def _resolve_names(self) -> None:
-        named = [*self.sources, *self.machines, *self.statics]
+        named: list[Node | Machine] = [*self.sources, *self.machines, *self.statics]
         taken: dict[str, object] = {}
         for obj in named:
             if obj._name is None:
