@@ -80,7 +80,9 @@ def capture_rng() -> bytes:
     import numpy as np
     import torch
 
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    legacy = np.random.get_state()
+    assert isinstance(legacy, tuple)  # numpy's global generator is an MT19937: its state a tuple
+    kind, keys, pos, has_gauss, cached = legacy
     state = {"random": random.getstate(),
              "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached],
              "torch": torch.get_rng_state()}

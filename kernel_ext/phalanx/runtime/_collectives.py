@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import numbers
-from typing import Any
+from typing import Any, cast
 
 from ._state import current_run
 
@@ -101,7 +101,9 @@ def broadcast(x: Any, src: int = 0) -> Any:
 
         buf = np.array([x], dtype=np.float64)
         comm.broadcast([buf], src=src)
-        return type(x)(buf[0]) if not isinstance(x, bool) else bool(buf[0])
+        # back to the caller's kind of number (bool, int, float, a numpy scalar): concrete number
+        # types take a value, though the ``numbers`` ABCs declare no constructor
+        return cast("type[Any]", type(x))(buf[0])
     comm.broadcast([_check_array(x, "broadcast")], src=src)
     return x
 
@@ -126,11 +128,11 @@ def _reduce_dict(comm: Collectives, x: dict, op: str) -> dict:
 
 
 def _scalar(v: Any) -> float:
-    if isinstance(v, numbers.Number):
+    if isinstance(v, numbers.Real):  # a complex number has no float value
         return float(v)
     if hasattr(v, "item"):
         return float(v.item())
-    raise TypeError(f"allreduce of a dict needs scalar values, got {type(v).__name__}")
+    raise TypeError(f"allreduce needs real scalar values, got {type(v).__name__}")
 
 
 def _check_array(x: Any, what: str) -> Any:

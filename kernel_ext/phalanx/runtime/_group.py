@@ -84,6 +84,7 @@ def form_group(spec: GroupSpec) -> GroupHandle:
 
     _destroy_torch_group()
     timeout = datetime.timedelta(seconds=spec.timeout_s)
+    store: dist.Store
     if spec.store[0] == "file":
         # One host: rendezvous through a private file and keep gloo on the loopback interface,
         # so a local cluster opens no port beyond this machine.

@@ -71,7 +71,9 @@ class StepHooks:
             if type(optimizer).__init__ is not init_and_sync:
                 hooks.attach(optimizer)
 
-        torch.optim.Optimizer.__init__ = init_and_sync  # type: ignore[method-assign]
+        # patching torch's class: mypy types an assigned method with an extra ``self``, so no
+        # replacement would match
+        torch.optim.Optimizer.__init__ = init_and_sync  # type: ignore[method-assign, assignment]
 
     def remove(self) -> None:
         import torch
@@ -236,7 +238,7 @@ def patch_partial_fit(estimator: Any, run: RunContext) -> Any:
 
     estimator.partial_fit = partial_fit
     run.tracked.append((strategy, lambda e=estimator: _sklearn_params(e)))
-    run.extra_cleanup.append(lambda e=estimator: vars(e).pop("partial_fit", None))
+    run.extra_cleanup.append(lambda e=estimator: e.__dict__.pop("partial_fit", None))
     return estimator
 
 

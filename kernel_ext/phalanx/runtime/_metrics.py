@@ -51,7 +51,7 @@ class MetricsSender:
         from ._memory import MemoryTracker
         from ._timing import StepClock
 
-        self._ctx = zmq.Context.instance()
+        self._ctx: zmq.Context = zmq.Context.instance()
         self._socket = self._ctx.socket(zmq.PUSH)
         self._socket.setsockopt(zmq.LINGER, 2000)
         self._socket.connect(address)

@@ -104,9 +104,10 @@ class Checkpointer:
         if self.plan is None or self.restored:
             return 0
         self.restored = True
-        step, sources, src = self.plan["step"], self.plan["sources"], self.plan.get("src")
+        step, sources = self.plan["step"], self.plan["sources"]
         from_peer = None
         if "peer" in sources:  # every rank takes part in the broadcast, whoever needs it
+            src: int = self.plan["src"]  # the rank that sends: a plan with a peer source names it
             mine = self._held(step, sources[self.rank]) if self.rank == src else None
             blob = ck.to_bytes({"state": mine.state, "rng": mine.rng,
                                 "opt_steps": mine.opt_steps}) if mine is not None else b""
@@ -142,7 +143,8 @@ class Checkpointer:
                 raise RuntimeError(f"commit {step} of {self.key} vanished from this engine's memory")
             return commit.state, _own(commit.rng, self.rank), commit.opt_steps
         if source == "disk":
-            commit, rng = ck.read_commit(self.directory, self.key, self.rank, step)  # type: ignore[arg-type]
+            assert self.directory is not None  # rank held it on disk: the lineage has a directory
+            commit, rng = ck.read_commit(self.directory, self.key, self.rank, step)
             engine_state().commits.add(self.key, Commit(step, commit.opt_steps, commit.world_size,
                                                         commit.state, [b""] * self.rank + [rng]))
             return commit.state, rng, commit.opt_steps

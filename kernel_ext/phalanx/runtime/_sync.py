@@ -221,21 +221,23 @@ class EASGD(SyncStrategy):
     def after_step(self, params: Sequence[Any], step: int) -> None:
         if not self.should_sync(step):
             return
-        values, centre, moves = param_values(params), self._require_centre(), self._moves
-        for x, c, d in zip(values, centre, moves):
+        centre, moves = self._started()
+        for x, c, d in zip(param_values(params), centre, moves):
             _elastic_move(x, c, d, self.alpha)  # d = alpha * (x - c); x -= d
         self.comm.allreduce(moves, op="sum")
         for c, d in zip(centre, moves):
             c += d
 
     def finish(self, params: Sequence[Any]) -> None:
-        for x, c in zip(param_values(params), self._require_centre()):
+        centre, _ = self._started()
+        for x, c in zip(param_values(params), centre):
             x[...] = c
 
-    def _require_centre(self) -> list[Any]:
-        if self.centre is None:
+    def _started(self) -> tuple[list[Any], list[Any]]:
+        """The centre and the buffer of moves, which :meth:`start` makes."""
+        if self.centre is None or self._moves is None:
             raise RuntimeError("EASGD.start(params) must run before the first step")
-        return self.centre
+        return self.centre, self._moves
 
 
 class NoSync(SyncStrategy):
@@ -323,9 +325,11 @@ def param_grads(params: Sequence[Any]) -> list[Any]:
         comm.allreduce(param_grads(model.parameters()), op="mean")
     """
     torch = sys.modules.get("torch")
+    if torch is None:  # no tensor exists, and numpy arrays have no gradients
+        return []
     out = []
     for p in params:
-        if _is_tensor(p) and p.requires_grad:
+        if isinstance(p, torch.Tensor) and p.requires_grad:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
             out.append(p.grad)

@@ -12,6 +12,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
@@ -61,7 +62,7 @@ def host_views(arrays: list, reduce: bool = True) -> tuple[list[np.ndarray], lis
                 views.append(x if x.ndim == 1 else x.reshape(-1))
                 continue
             tmp = np.ascontiguousarray(x)
-            writebacks.append(lambda x=x, tmp=tmp: np.copyto(x, tmp))
+            writebacks.append(functools.partial(np.copyto, x, tmp))
             views.append(tmp.reshape(-1))
         elif _is_tensor(x):
             views.append(_tensor_view(x, writebacks, reduce))

@@ -326,13 +326,13 @@ class ShmCommunicator(SyncPointsMixin):
 
     def _rendezvous(self, peer_pids: list[int] | None) -> None:
         n = self.world_size
+        mine = Segment.create(segment_name(self.group_id, self.rank), self.slot_bytes, n)
         segs: list[Segment | None] = [None] * n
-        segs[self.rank] = Segment.create(segment_name(self.group_id, self.rank), self.slot_bytes, n)
+        segs[self.rank] = mine
         try:
-            attach_peers(segs, self.group_id, self.rank, peer_pids, self.timeout_s,
-                         lambda: self._abort_reason)
-            self._segs = segs  # type: ignore[assignment]
-            self._peers = [(r, s) for r, s in enumerate(segs) if r != self.rank]
+            self._segs = attach_peers(segs, self.group_id, self.rank, peer_pids, self.timeout_s,
+                                      lambda: self._abort_reason)
+            self._peers = [(r, s) for r, s in enumerate(self._segs) if r != self.rank]
             self._collective("rendezvous", self._sync, signature("rendezvous", n, self.slot_bytes),
                              "rendezvous")
         except BaseException:
@@ -340,6 +340,6 @@ class ShmCommunicator(SyncPointsMixin):
             self._segs = []
             self._typed.clear()
             raise
-        segs[self.rank].unlink()  # every peer has mapped it: the name is no longer needed
+        mine.unlink()  # every peer has mapped it: the name is no longer needed
         self._done = 0  # number user collectives from 1 in messages
-        segs[self.rank].hdr[seg_mod.W_DONE] = 0
+        mine.hdr[seg_mod.W_DONE] = 0

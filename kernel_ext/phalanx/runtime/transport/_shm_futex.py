@@ -24,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import platform
 import sys
+from typing import Callable
 
 _SYS_FUTEX = {"x86_64": 202, "amd64": 202}.get(platform.machine().lower())
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1
@@ -34,7 +35,7 @@ class _Timespec(ctypes.Structure):
     _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
 
 
-def _load_syscall():
+def _load_syscall() -> Callable[..., int] | None:
     if sys.platform != "linux" or _SYS_FUTEX is None:
         return None
     try:
@@ -53,11 +54,16 @@ def wait(address: int, expected: int, timeout_s: float) -> None:
     """Sleep while the 32-bit word at ``address`` equals ``expected`` (low 32 bits), at most
     ``timeout_s``; returns early when woken, interrupted, or if the word already differs."""
     ts = _Timespec(int(timeout_s), int((timeout_s % 1) * 1e9))
-    _syscall(ctypes.c_long(_SYS_FUTEX), ctypes.c_void_p(address), ctypes.c_int(_FUTEX_WAIT),
-             ctypes.c_uint32(expected & 0xFFFFFFFF), ctypes.byref(ts), None, ctypes.c_int(0))
+    _futex(address, _FUTEX_WAIT, ctypes.c_uint32(expected & 0xFFFFFFFF), ctypes.byref(ts))
 
 
 def wake(address: int) -> None:
     """Wake every process sleeping in :func:`wait` on ``address``."""
-    _syscall(ctypes.c_long(_SYS_FUTEX), ctypes.c_void_p(address), ctypes.c_int(_FUTEX_WAKE),
-             ctypes.c_int(_INT_MAX), None, None, ctypes.c_int(0))
+    _futex(address, _FUTEX_WAKE, ctypes.c_int(_INT_MAX), None)
+
+
+def _futex(address: int, op: int, value: object, timeout: object) -> None:
+    if _syscall is None or _SYS_FUTEX is None:
+        raise RuntimeError("futexes are not available here: callers check AVAILABLE first")
+    _syscall(ctypes.c_long(_SYS_FUTEX), ctypes.c_void_p(address), ctypes.c_int(op), value,
+             timeout, None, ctypes.c_int(0))

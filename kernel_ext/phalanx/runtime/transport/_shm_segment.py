@@ -215,9 +215,11 @@ def cleanup_stale(shm_dir: str = "/dev/shm") -> list[str]:
     return [e for e in entries if e.startswith(PREFIX) and unlink_if_dead("/" + e)]
 
 
-def attach_peers(segs: list, group_id: str, rank: int, peer_pids: list[int] | None,
-                 timeout_s: float, aborted: Callable[[], str | None]) -> None:
-    """Fill ``segs`` (``None`` where missing) with the peers' segments as they appear.
+def attach_peers(segs: list[Segment | None], group_id: str, rank: int,
+                 peer_pids: list[int] | None, timeout_s: float,
+                 aborted: Callable[[], str | None]) -> list[Segment]:
+    """Fill ``segs`` (``None`` where missing) with the peers' segments as they appear; returns
+    every rank's segment, by rank, once none is missing.
 
     Raises :class:`PeerDied` for a listed peer pid that is gone, :class:`CollectiveTimeout`
     naming the ranks whose segment never appeared, :class:`CollectiveAborted` on abort."""
@@ -241,13 +243,15 @@ def attach_peers(segs: list, group_id: str, rank: int, peer_pids: list[int] | No
         if aborted() is not None:
             raise CollectiveAborted(f"rendezvous aborted: {aborted()}", [rank], "rendezvous")
         time.sleep(0.002)
-    bad = [r for r, s in enumerate(segs) if s.slot_bytes != segs[rank].slot_bytes]
+    attached = [s for s in segs if s is not None]  # all of them: none is missing
+    bad = [r for r, s in enumerate(attached) if s.slot_bytes != attached[rank].slot_bytes]
     if bad:
         raise CollectiveMismatch(f"ranks {bad} use another slot_bytes than rank {rank} "
-                                 f"({segs[rank].slot_bytes})", bad, "rendezvous")
+                                 f"({attached[rank].slot_bytes})", bad, "rendezvous")
+    return attached
 
 
-def cleanup_failed_rendezvous(segs: list, group_id: str, rank: int,
+def cleanup_failed_rendezvous(segs: list[Segment | None], group_id: str, rank: int,
                               peer_pids: list[int] | None) -> None:
     """After a failed rendezvous: tell peers, unlink our name and those of dead peers, unmap."""
     for r, seg in enumerate(segs):
