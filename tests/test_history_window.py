@@ -118,3 +118,70 @@ def test_a_reloaded_panel_gets_bounded_curves_in_step_order(fed):
     assert [r["step"] for r in rows] == sorted(r["step"] for r in rows)
     assert len(rows) <= RANKS * MAX_POINTS
     assert WINDOW_POINTS > MAX_POINTS
+
+
+def _exact_mean() -> np.ndarray:
+    steps = np.arange(STEPS)
+    return (_loss(0, steps) + _loss(1, steps)) / 2
+
+
+def test_a_reloaded_panel_gets_the_mean_line_taken_from_every_row(fed):
+    session, tracker, lab = fed
+    panel = lab._comm_manager.open({"v": 1, "type": "request_snapshot"})
+    metrics = [events.validate_event(m) for m in panel.sent if m["type"] == "metrics"]
+    means = [p for m in metrics for p in m.get("means", {}).get("loss", [])]
+    assert 0 < len(means) <= MAX_POINTS
+    steps, values = np.array(means).T
+    exact = (_loss(0, steps) + _loss(1, steps)) / 2
+    assert np.allclose(values, exact)                        # exact at every step drawn
+    assert values.max() == _exact_mean().max()               # the ranks' spikes
+    assert steps[-1] == STEPS - 1
+
+
+def test_a_window_answer_carries_the_mean_over_ranks_at_full_resolution(fed):
+    _, _, lab = fed
+    answer = lab.window_message({"run": "win-1", "start": 31_300, "end": 31_399})
+    steps, values = np.array(answer["means"]["loss"]).T
+    assert steps.tolist() == list(range(31_300, 31_400))
+    assert np.allclose(values, (_loss(0, steps) + _loss(1, steps)) / 2)
+
+
+def test_a_fast_run_streams_bounded_rows_to_the_panel_with_exact_means(tmp_path):
+    """Rows logged faster than the panel draws are thinned per flush (M4), the means not."""
+    from test_labcomm import FakeTime
+
+    session, clock = Session(), FakeTime()
+    lab = LabComm(session, comm_manager=FakeManager(), create_comm=lambda **kw: FakeComm(),
+                  clock=clock.clock, schedule=clock.schedule)
+    lab.register()
+    panel = lab._comm_manager.open()
+    tracker = RunTracker("fast-1", RANKS, STEPS, session.events.emit,
+                         history_dir=str(tmp_path / "fast-1"))
+    session.events.emit(events.run_started("fast-1", RANKS, STEPS, "allreduce"))
+    try:
+        for start in range(0, STEPS, 2 * BATCH):   # 10,000 rows every 0.1 s: 100k rows/s
+            for rank in range(RANKS):
+                steps = np.arange(start, start + 2 * BATCH)
+                tracker.on_batch({"rank": rank, "step": int(steps[-1]), "rows": [
+                    [s, 1e9 + s * 0.01, {"loss": v}]
+                    for s, v in zip(steps.tolist(), _loss(rank, steps).tolist())]})
+            tracker.publish()
+            clock.advance(0.1)
+        tracker.drain()
+        session.events.emit(events.run_ended("fast-1", "done", 6.0))
+        clock.advance(1)
+    finally:
+        lab.close()
+    sent = [events.validate_event(m) for m in panel.sent if m["type"] == "metrics"]
+    rows = [r for m in sent for r in m["rows"]]
+    flushes = STEPS // (2 * BATCH)
+    assert len(rows) <= RANKS * flushes * 64 + RANKS        # not the 120,000 rows logged
+    for rank, (steps, values) in _by_rank(rows).items():
+        assert max(values) == 100.0 + rank                    # the spike
+        assert steps[-1] == STEPS - 1                         # the last point
+        assert min(values) == _loss(rank, np.array([STEPS - 1]))[0]
+    means = np.array([p for m in sent for p in m["means"].get("loss", [])])
+    assert len(means) <= flushes * 64 + 64
+    steps, values = means.T
+    assert np.allclose(values, (_loss(0, steps) + _loss(1, steps)) / 2)
+    assert steps[-1] == STEPS - 1 and values.max() == _exact_mean().max()

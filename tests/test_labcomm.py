@@ -70,6 +70,7 @@ class FakeSession:
         self.scaled: list[int] = []
         self.stopped = 0
         self.rows: list[dict] = []
+        self.means: dict[str, list] = {}
         self.stop_reasons: list[str] = []
         self.running = True
 
@@ -88,6 +89,9 @@ class FakeSession:
 
     def run_history_rows(self):
         return self.rows
+
+    def run_history_means(self):
+        return self.means
 
 
 class FakeTime:
@@ -308,13 +312,15 @@ def test_non_finite_metrics_are_left_out_and_the_row_kept(rig):
     session, manager, fake_time, *_ = rig
     comm = manager.open()
     session.events.emit(events.metrics("r", [{"rank": 0, "step": 1, "t": 0.5,
-                                              "metrics": {"loss": float("nan"), "acc": 0.9}}]))
+                                              "metrics": {"loss": float("nan"), "acc": 0.9}}],
+                                       means={"acc": [[0, float("inf")], [1, 0.9]]}))
     session.events.emit(events.progress("r", [{"rank": 0, "step": 1, "eta_s": float("inf"),
                                                "metrics": {"loss": float("-inf")}}]))
     fake_time.advance(1)
     metrics = next(m for m in comm.sent if m["type"] == "metrics")
     progress = next(m for m in comm.sent if m["type"] == "progress")
     assert metrics["rows"][0]["metrics"] == {"acc": 0.9}
+    assert metrics["means"] == {"acc": [[1, 0.9]]}
     assert progress["ranks"][0]["eta_s"] is None and progress["ranks"][0]["metrics"] == {}
 
 

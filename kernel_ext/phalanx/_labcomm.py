@@ -5,8 +5,9 @@ requests (``request_snapshot``, ``scale``, ``stop``, ``stop_run``, ``request_win
 sends code.  This
 module answers them and forwards every bus event to every open panel comm, throttled to about ten messages a
 second: ``cluster``/``progress``/``network`` states are coalesced (only the latest matters),
-metric rows are batched (never dropped: the panel downsamples the whole history as it arrives;
-see :mod:`._outbox`).
+metric rows are batched and thinned to a bounded number of points per line and flush, the way
+the panel downsamples them anyway, with the mean over ranks taken from every row (see
+:mod:`._outbox` and :mod:`._panel_stream`); the whole history stays in the kernel.
 A reloaded panel gets the run's downsampled curves; a zoomed chart asks for its step window and
 gets it at full resolution from the kernel's history.
 
@@ -19,7 +20,7 @@ messages itself (:mod:`._pump`).
 Example::
 
     lab = LabComm(session)      # session: .events, .scale(n), .stop_cluster(), .max_engines,
-    lab.register()              #          .run_history_rows()
+    lab.register()              #          .run_history_rows(), .run_history_means(), ...
     ...
     lab.close()
 """
@@ -33,6 +34,7 @@ from typing import Any, Callable, Mapping
 
 from . import events
 from ._outbox import Outbox, wire_safe
+from ._panel_stream import thin_metrics
 from ._pump import answer_where_sent
 from .events import COMM_TARGET, SchemaError, validate_event, validate_request
 
@@ -223,7 +225,7 @@ class LabComm:
                 self._flush(self._clock())
 
     def _flush(self, now: float, skip: Any = None) -> None:
-        batch = self._outbox.drain()
+        batch = [thin_metrics(m) if m["type"] == "metrics" else m for m in self._outbox.drain()]
         for message in batch:
             for comm in list(self._comms):
                 if comm is not skip:
@@ -288,8 +290,9 @@ class LabComm:
         """What a freshly attached panel needs: one snapshot event, then history chunks.
 
         The snapshot holds the bus's latest states with the current run's merged progress
-        right after its ``run_started``; the run's metric rows follow as ``metrics`` events of
-        at most :data:`HISTORY_CHUNK_ROWS` rows.  Example: ``[m["type"] for m in
+        right after its ``run_started``; the run's downsampled metric rows follow as
+        ``metrics`` events of at most :data:`HISTORY_CHUNK_ROWS` rows, the last with the
+        downsampled mean line over ranks.  Example: ``[m["type"] for m in
         lab.snapshot_messages()] == ["snapshot", "metrics"]`` after a short run.
         """
         states = self._session.events.snapshot()
@@ -305,10 +308,15 @@ class LabComm:
                     contents.append(progress[run])
         messages = [events.snapshot(contents)]
         if run is not None:
-            rows = self._history_rows()
-            for start in range(0, len(rows), HISTORY_CHUNK_ROWS):
-                chunk = events.metrics(run, rows[start:start + HISTORY_CHUNK_ROWS])
+            rows, means = self._history()
+            starts = range(0, len(rows), HISTORY_CHUNK_ROWS)
+            for start in starts:
+                last = start == starts[-1]
+                chunk = events.metrics(run, rows[start:start + HISTORY_CHUNK_ROWS],
+                                       means if last else None)
                 messages.append(wire_safe(chunk))
+            if means and not rows:
+                messages.append(wire_safe(events.metrics(run, [], means)))
         return messages
 
     def window_message(self, request: Mapping[str, Any]) -> dict:
@@ -322,17 +330,20 @@ class LabComm:
         current = [e["run"] for e in self._session.events.snapshot()
                    if e.get("type") == "run_started"]
         rows: list[dict] = []
+        means: dict[str, list] = {}
         if current and current[-1] == run:
-            rows = self._session.run_history_window(
-                steps=(start, end), max_points=request.get("max_points") or WINDOW_POINTS)
-        return wire_safe(events.history_window(run, start, end, rows))
+            limit = request.get("max_points") or WINDOW_POINTS
+            rows = self._session.run_history_window(steps=(start, end), max_points=limit)
+            means = self._session.run_history_window_means((start, end), max_points=limit)
+        return wire_safe(events.history_window(run, start, end, rows, means))
 
-    def _history_rows(self) -> list[dict]:
+    def _history(self) -> tuple[list[dict], dict[str, list]]:
         try:
-            return list(self._session.run_history_rows() or [])
+            rows = list(self._session.run_history_rows() or [])
+            return rows, dict(self._session.run_history_means() or {})
         except Exception:
             log.exception("phalanx: could not read the run history for the lab panel")
-            return []
+            return [], {}
 
     def _send_snapshot(self, comm: Any) -> None:
         with self._lock:

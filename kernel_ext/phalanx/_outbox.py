@@ -32,7 +32,11 @@ def wire_safe(event: dict) -> dict:
     kind = event.get("type")
     if kind in ("metrics", "history_window"):
         rows = [{**r, "metrics": _finite_metrics(r["metrics"])} for r in event["rows"]]
-        return {**event, "rows": rows}
+        if event.get("means") is None:
+            return {**event, "rows": rows}
+        means = {name: [p for p in points if math.isfinite(p[1])]
+                 for name, points in event["means"].items()}
+        return {**event, "rows": rows, "means": means}
     if kind == "progress":
         ranks = []
         for r in event["ranks"]:
@@ -49,7 +53,8 @@ class Outbox:
     """Pending events between two flushes, coalesced so a flush sends few messages.
 
     States keep only their latest value (progress merges per rank); metric rows of one run are
-    appended to a single pending batch; run start/end keep their order.
+    appended to a single pending batch, and so are their means over ranks; run start/end keep
+    their order.
 
     Example::
 
@@ -88,10 +93,12 @@ class Outbox:
                 return
         elif kind == "metrics":
             pending = self._find("metrics", "run", event["run"])
-            if pending is not None:
-                pending["rows"].extend(event["rows"])
-                return
-            self._items.append({**event, "rows": list(event["rows"])})  # ours to extend
+            if pending is None:
+                pending = {**event, "rows": [], "means": {}}  # ours to extend
+                self._items.append(pending)
+            pending["rows"].extend(event["rows"])
+            for name, points in (event.get("means") or {}).items():
+                pending["means"].setdefault(name, []).extend(points)
             return
         else:
             pending = None

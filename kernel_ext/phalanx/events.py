@@ -97,6 +97,20 @@ def _check_row(r: Any, where: str) -> None:
             raise SchemaError(f"{where}: metric {name!r} must be a number")
 
 
+def _check_means(m: Mapping[str, Any], where: str) -> None:
+    """Optional ``means``: ``{metric: [[step, mean], ...]}``, the mean over ranks by step."""
+    means = m.get("means")
+    if means is None:
+        return
+    if not isinstance(means, Mapping):
+        raise SchemaError(f"{where}: 'means' must be an object of metric -> [[step, mean], ...]")
+    for name, points in means.items():
+        if not isinstance(points, list) or not all(
+                isinstance(p, list) and len(p) == 2 and all(
+                    isinstance(v, _NUM) and not isinstance(v, bool) for v in p) for p in points):
+            raise SchemaError(f"{where}: means of {name!r} must be a list of [step, mean] numbers")
+
+
 def _check_node(n: Any, where: str) -> None:
     if not isinstance(n, Mapping):
         raise SchemaError(f"{where}: node must be an object")
@@ -139,6 +153,7 @@ def _check_metrics(m: Mapping[str, Any]) -> None:
     _need(m, "run", str, "metrics")
     for r in _need(m, "rows", list, "metrics"):
         _check_row(r, "metrics")
+    _check_means(m, "metrics")
 
 
 def _check_run_ended(m: Mapping[str, Any]) -> None:
@@ -203,6 +218,7 @@ def _check_history_window(m: Mapping[str, Any]) -> None:
     _check_window(m, "history_window")
     for r in _need(m, "rows", list, "history_window"):
         _check_row(r, "history_window")
+    _check_means(m, "history_window")
 
 
 def _check_snapshot(m: Mapping[str, Any]) -> None:
@@ -322,9 +338,14 @@ def progress(run: str, ranks: Iterable[Mapping[str, Any]]) -> dict:
     return _event("progress", run=run, ranks=[dict(r) for r in ranks])
 
 
-def metrics(run: str, rows: Iterable[Mapping[str, Any]]) -> dict:
-    """New metric rows ``[{rank, step, t, metrics: {name: number}}]``, appended to the history."""
-    return _event("metrics", run=run, rows=[dict(r) for r in rows])
+def metrics(run: str, rows: Iterable[Mapping[str, Any]],
+            means: Mapping[str, list] | None = None) -> dict:
+    """New metric rows ``[{rank, step, t, metrics: {name: number}}]``, appended to the history;
+    to a panel also the means over ranks settled since, ``{metric: [[step, mean], ...]}``."""
+    event = _event("metrics", run=run, rows=[dict(r) for r in rows])
+    if means is not None:
+        event["means"] = dict(means)
+    return event
 
 
 def run_ended(run: str, status: str, wall_s: float, error: str | None = None) -> dict:
@@ -372,10 +393,11 @@ def time_parts(run: str, ranks: Iterable[Mapping[str, Any]]) -> dict:
     return _event("time", run=run, ranks=[dict(r) for r in ranks])
 
 
-def history_window(run: str, start: float, end: float,
-                   rows: Iterable[Mapping[str, Any]]) -> dict:
+def history_window(run: str, start: float, end: float, rows: Iterable[Mapping[str, Any]],
+                   means: Mapping[str, list] | None = None) -> dict:
     """The answer to a panel's ``request_window``: the run's rows with ``start <= step <= end``,
-    every row up to the asked number of points per line (min/max downsampled beyond).
+    every row up to the asked number of points per line (min/max downsampled beyond), and the
+    mean over ranks of each metric in the window (``{metric: [[step, mean], ...]}``).
 
     Example::
 
@@ -383,7 +405,10 @@ def history_window(run: str, start: float, end: float,
         >>> validate_event(history_window("r1", 0, 10, [row]))["rows"][0]["step"]
         5
     """
-    return _event("history_window", run=run, start=start, end=end, rows=[dict(r) for r in rows])
+    event = _event("history_window", run=run, start=start, end=end, rows=[dict(r) for r in rows])
+    if means is not None:
+        event["means"] = dict(means)
+    return event
 
 
 def snapshot(events: Iterable[Mapping[str, Any]]) -> dict:

@@ -170,7 +170,7 @@ export class PhalanxModel {
       }
       case 'metrics': {
         const run = this._runFor(event.run);
-        if (run && run.history.add(event.rows) > 0) {
+        if (run && run.history.add(event.rows) + run.history.addMeans(event.means) > 0) {
           this._changed.emit('metrics');
         }
         return;
@@ -178,9 +178,9 @@ export class PhalanxModel {
       case 'history_window': {
         const run = this._run;
         if (run && run.id === event.run) {
-          const history = new MetricHistory(run.worldSize, MAX_WINDOW_POINTS);
+          const history = new MetricHistory(MAX_WINDOW_POINTS);
           history.add(event.rows);
-          history.finish();
+          history.addMeans(event.means);
           run.window = { start: event.start, end: event.end, history };
           this._changed.emit('metrics');
         }
@@ -201,7 +201,6 @@ export class PhalanxModel {
       case 'run_ended': {
         const run = this._runFor(event.run);
         if (run) {
-          run.history.finish();
           run.status = event.status;
           run.wallS = event.wall_s;
           run.error = event.error ?? null;
@@ -233,7 +232,6 @@ export class PhalanxModel {
     if (this._run && this._run.id === id) {
       // The same run again (a snapshot after live updates): keep its history.
       Object.assign(this._run, info);
-      this._run.history.worldSize = info.worldSize ?? this._run.history.worldSize;
       return this._run;
     }
     this._run = {
@@ -243,7 +241,7 @@ export class PhalanxModel {
       wallS: null,
       error: null,
       ranks: new Map(),
-      history: new MetricHistory(info.worldSize),
+      history: new MetricHistory(),
       window: null,
       times: new Map(),
       memory: new Map()

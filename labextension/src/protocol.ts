@@ -89,10 +89,17 @@ export interface IProgressEvent extends IEventBase {
   ranks: IRankProgress[];
 }
 
+/**
+ * The mean over ranks of each metric by step, `{metric: [[step, mean], ...]}`,
+ * taken by the kernel from every row (the rows a panel gets may be thinned).
+ */
+export type MeanPoints = Record<string, [number, number][]>;
+
 export interface IMetricsEvent extends IEventBase {
   type: 'metrics';
   run: string;
   rows: IMetricRow[];
+  means?: MeanPoints;
 }
 
 export interface IRunEndedEvent extends IEventBase {
@@ -165,6 +172,7 @@ export interface IHistoryWindowEvent extends IEventBase {
   start: number;
   end: number;
   rows: IMetricRow[];
+  means?: MeanPoints;
 }
 
 export type PhalanxEvent =
@@ -313,9 +321,27 @@ function checkRows(m: Obj, where: string): void {
   }
 }
 
+function checkMeans(m: Obj, where: string): void {
+  if (m.means === undefined || m.means === null) {
+    return;
+  }
+  const means = need(m, 'means', 'object', where) as Obj;
+  for (const [name, points] of Object.entries(means)) {
+    const ok =
+      Array.isArray(points) &&
+      points.every(
+        p => Array.isArray(p) && p.length === 2 && fits(p[0], 'number') && fits(p[1], 'number')
+      );
+    if (!ok) {
+      throw new SchemaError(`${where}: means of '${name}' must be a list of [step, mean] numbers`);
+    }
+  }
+}
+
 function checkMetrics(m: Obj): void {
   need(m, 'run', 'string', 'metrics');
   checkRows(m, 'metrics');
+  checkMeans(m, 'metrics');
 }
 
 /** A step window `[start, end]` of one run. */
@@ -331,6 +357,7 @@ function checkWindow(m: Obj, where: string): void {
 function checkHistoryWindow(m: Obj): void {
   checkWindow(m, 'history_window');
   checkRows(m, 'history_window');
+  checkMeans(m, 'history_window');
 }
 
 function checkWindowRequest(m: Obj): void {

@@ -20,11 +20,14 @@ describe('MetricHistory', () => {
   });
 
   it('keeps a short history whole and a long one bounded, extremes and last point kept', () => {
-    const h = new MetricHistory(2, 400);
+    const h = new MetricHistory(400);
     for (let i = 0; i < 100; i++) {
       h.add(
         Array.from({ length: 1000 }, (_, j) => row(j % 2, i * 500 + (j >> 1), 1, i * 1000 + j))
       );
+      h.addMeans({
+        loss: Array.from({ length: 500 }, (_, j): [number, number] => [i * 500 + j, 1])
+      });
       if (i === 0) {
         const steps = h.series('loss').get(1)!.steps;
         expect(steps.length).toBeLessThan(400); // 500 > 400 points: bucketed
@@ -32,7 +35,8 @@ describe('MetricHistory', () => {
       }
     }
     h.add([row(0, 60_000, 99, 200_000), row(1, 60_000, -5, 200_000)]);
-    expect(h.rowCount).toBe(100_002);
+    h.addMeans({ loss: [[60_000, 47]] });
+    expect(h.rowCount).toBe(100_002 + 50_001);
     const r0 = h.series('loss').get(0)!;
     const r1 = h.series('loss').get(1)!;
     expect(r0.steps.length).toBeLessThanOrEqual(400);
@@ -46,17 +50,24 @@ describe('MetricHistory', () => {
     expect(mean.values[mean.values.length - 1]).toBe(47);
   });
 
-  it('takes a step mean once every rank logged it, or moved past it', () => {
-    const h = new MetricHistory(2);
-    h.add([row(0, 1, 4), row(0, 2, 6)]);
-    expect(h.mean('loss')).toBeNull(); // rank 1 has not logged
-    h.add([row(1, 1, 2)]);
+  it('draws the mean the kernel sends, not one taken from the rows it has', () => {
+    const h = new MetricHistory();
+    h.add([row(0, 1, 4), row(1, 1, 2), row(0, 2, 6)]);
+    expect(h.mean('loss')).toBeNull(); // rows alone: no mean (they may be thinned)
+    expect(h.addMeans({ loss: [[1, 3]] })).toBe(1);
     expect(h.mean('loss')).toEqual({ steps: [1], values: [3] });
-    h.add([row(1, 3, 1), row(0, 3, 3)]); // rank 1 skipped step 2
+    // a reloaded snapshot sends the line again: steps already drawn are skipped
+    expect(
+      h.addMeans({
+        loss: [
+          [1, 3],
+          [2, 6],
+          [3, 2]
+        ]
+      })
+    ).toBe(2);
     expect(h.mean('loss')).toEqual({ steps: [1, 2, 3], values: [3, 6, 2] });
-    h.add([row(0, 4, 10)]);
-    h.finish(); // the run ended: step 4 has what it has
-    expect(h.mean('loss')?.values).toEqual([3, 6, 2, 10]);
+    expect(h.addMeans(undefined)).toBe(0);
   });
 
   it('accepts two rows of one step at different times, skips exact repeats', () => {
@@ -73,7 +84,13 @@ describe('alignSeries', () => {
     h.add([row(0, 1, 4), row(1, 1, 2), row(0, 2, 3), row(1, 3, 1)]);
     const { ranks, data } = alignSeries(h.series('loss'));
     expect(ranks).toEqual([0, 1]);
-    h.finish();
+    h.addMeans({
+      loss: [
+        [1, 3],
+        [2, 3],
+        [3, 1]
+      ]
+    });
     expect(alignSeries(h.series('loss'), false, h.mean('loss')).data[3]).toEqual([3, 3, 1]);
     expect(data).toEqual([
       [1, 2, 3],

@@ -152,7 +152,17 @@ describe('PhalanxModel', () => {
     model.apply(started('r1'));
     const rows = Array.from({ length: 300 }, (_, i) => row(i % 2, 100 + (i >> 1), i, i));
     expect(
-      model.receive({ v: 1, type: 'history_window', run: 'r1', start: 100, end: 249, rows })
+      model.receive({
+        v: 1,
+        type: 'history_window',
+        run: 'r1',
+        start: 100,
+        end: 249,
+        rows,
+        means: {
+          loss: Array.from({ length: 150 }, (_, i): [number, number] => [100 + i, 2 * i + 0.5])
+        }
+      })
     ).toBe(true);
     const window = model.run!.window!;
     expect([window.start, window.end]).toEqual([100, 249]);

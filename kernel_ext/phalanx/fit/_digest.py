@@ -1,10 +1,9 @@
 """A run's curves at bounded size, kept up to date as rows arrive (pure numpy).
 
 :class:`CurveDigest` holds, per metric, one :class:`~._downsample.M4Stream` per rank and one for
-the mean over ranks: a few thousand points per line whatever the run's length.  It is what a
-reloaded panel receives instead of every row, and what the static summary draws.  The mean at a
-step is taken once every rank logged the metric there or moved past it (each rank's steps only
-grow), or once more than :data:`MAX_OPEN_STEPS` steps wait (a rank that never logs it).
+the mean over ranks (:class:`RankMeans`): a few thousand points per line whatever the run's
+length.  It is what a reloaded panel receives instead of every row, and what the static summary
+draws.
 
 Example::
 
@@ -12,6 +11,7 @@ Example::
     >>> d = CurveDigest(world_size=2, max_points=400)
     >>> d.add({"rank": np.array([0, 1]), "step": np.array([1, 1]), "t": np.zeros(2),
     ...        "loss": np.array([1.0, 3.0])})
+    {'loss': [[1, 2.0]]}
     >>> d.points()["loss"]["mean"]
     ([1.0], [2.0])
 """
@@ -28,6 +28,11 @@ from ._downsample import MAX_POINTS, M4Stream, m4_indices
 MEAN = "mean"
 MAX_OPEN_STEPS = 256
 _BASE = ("rank", "step", "t")
+
+
+def wire_means(rows: np.ndarray) -> list[list[float]]:
+    """``[[step, mean], ...]`` of ``(mean, step)`` rows: the wire form of a mean line."""
+    return [[int(step), mean] for mean, step in rows.tolist()]
 
 
 class StepMeans:
@@ -61,27 +66,84 @@ class StepMeans:
         return out
 
 
+class RankMeans:
+    """The mean over ranks of each metric, step by step, as rows arrive in any grouping.
+
+    A step's mean is handed out once every rank logged the metric there or moved past it (each
+    rank's steps only grow), or once more than :data:`MAX_OPEN_STEPS` steps wait (a rank that
+    never logs it).  ``world_size=None``: as many ranks as have logged.
+
+    Example::
+
+        >>> import numpy as np
+        >>> m = RankMeans(world_size=2)
+        >>> m.add(np.array([0]), np.array([1]), {"loss": np.array([1.0])})
+        {}
+        >>> m.add(np.array([1]), np.array([1]), {"loss": np.array([3.0])})["loss"].tolist()
+        [[2.0, 1.0]]
+    """
+
+    def __init__(self, world_size: int | None) -> None:
+        self.world_size = world_size
+        self._means: dict[str, StepMeans] = {}
+        self._position: dict[int, int] = {}       # rank -> last step it logged
+
+    def add(self, ranks: np.ndarray, steps: np.ndarray,
+            metrics: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Take rows by column (NaN = not logged); returns the newly settled ``(mean, step)``
+        rows per metric, in step order (metrics with none settled are left out)."""
+        for rank in np.unique(ranks).tolist():
+            last = int(steps[ranks == rank].max())
+            self._position[rank] = max(self._position.get(rank, -1), last)
+        for name, values in metrics.items():
+            logged = ~np.isnan(values)
+            self._means.setdefault(name, StepMeans()).add(steps[logged], values[logged])
+        return self._settle(list(metrics), final=False)
+
+    def finish(self) -> dict[str, np.ndarray]:
+        """The run is over: the means of the steps still open."""
+        return self._settle(list(self._means), final=True)
+
+    def _settle(self, names: list[str], final: bool) -> dict[str, np.ndarray]:
+        world = self.world_size or len(self._position)
+        passed = min(self._position.values()) if len(self._position) >= world else None
+        out = {}
+        for name in names:
+            settled = self._means[name].settle(world, passed, final)
+            if len(settled):
+                out[name] = settled
+        return out
+
+
 class CurveDigest:
     """Downsampled lines ``{metric: {rank or "mean": M4Stream}}`` of one run; thread-safe."""
 
     def __init__(self, world_size: int, max_points: int = MAX_POINTS) -> None:
-        self.world_size, self.max_points = world_size, max_points
+        self.max_points = max_points
         self._lines: dict[str, dict[Hashable, M4Stream]] = {}
-        self._means: dict[str, StepMeans] = {}
-        self._position: dict[int, int] = {}       # rank -> last step it logged
+        self._means = RankMeans(world_size)
         self._lock = threading.Lock()
 
-    def add(self, columns: dict[str, np.ndarray]) -> None:
-        """New rows by column (``rank``, ``step``, ``t``, one array per metric, NaN = not logged)."""
+    @property
+    def world_size(self) -> int:
+        return self._means.world_size or 0
+
+    @world_size.setter
+    def world_size(self, value: int) -> None:  # a resized run: steps settle with the new ranks
+        with self._lock:
+            self._means.world_size = value
+
+    def add(self, columns: dict[str, np.ndarray]) -> dict[str, list[list[float]]]:
+        """New rows by column (``rank``, ``step``, ``t``, one array per metric, NaN = not
+        logged); returns the means over ranks settled by them, ``{metric: [[step, mean], ...]}``
+        (what a ``metrics`` event carries as ``means``)."""
         ranks, steps, times = columns["rank"], columns["step"], columns["t"]
         if not len(ranks):
-            return
+            return {}
+        metrics = {k: v for k, v in columns.items() if k not in _BASE}
         with self._lock:
             by_rank = {int(r): ranks == r for r in np.unique(ranks)}
-            for rank, mask in by_rank.items():
-                self._position[rank] = max(self._position.get(rank, -1), int(steps[mask].max()))
-            for name in (k for k in columns if k not in _BASE):
-                values = columns[name]
+            for name, values in metrics.items():
                 logged = ~np.isnan(values)
                 lines = self._lines.setdefault(name, {})
                 for rank, mask in by_rank.items():
@@ -89,23 +151,24 @@ class CurveDigest:
                     if keep.any():
                         line = lines.setdefault(rank, M4Stream(self.max_points, 3))
                         line.add(np.stack([values[keep], steps[keep], times[keep]], axis=1))
-                means = self._means.setdefault(name, StepMeans())
-                means.add(steps[logged], values[logged])
-                self._settle(name, final=False)
+            return self._add_means(self._means.add(ranks, steps, metrics))
 
-    def finish(self) -> None:
-        """The run is over: take the means of the steps still open."""
+    def finish(self) -> dict[str, list[list[float]]]:
+        """The run is over: take the means of the steps still open (and return them)."""
         with self._lock:
-            for name in self._means:
-                self._settle(name, final=True)
+            return self._add_means(self._means.finish())
 
-    def _settle(self, name: str, final: bool) -> None:
-        complete = len(self._position) >= self.world_size
-        passed = min(self._position.values()) if complete else None
-        settled = self._means[name].settle(self.world_size, passed, final)
-        if len(settled):
-            line = self._lines[name].setdefault(MEAN, M4Stream(self.max_points, 2))
-            line.add(settled)
+    def _add_means(self, settled: dict[str, np.ndarray]) -> dict[str, list[list[float]]]:
+        for name, rows in settled.items():
+            self._lines[name].setdefault(MEAN, M4Stream(self.max_points, 2)).add(rows)
+        return {name: wire_means(rows) for name, rows in settled.items()}
+
+    def mean_points(self) -> dict[str, list[list[float]]]:
+        """The drawn mean line of each metric, ``{metric: [[step, mean], ...]}``, at most
+        ~``max_points`` each: what a reloaded panel draws as the mean."""
+        with self._lock:
+            return {name: wire_means(lines[MEAN].points())
+                    for name, lines in self._lines.items() if MEAN in lines}
 
     def points(self) -> dict[str, dict[Hashable, tuple[list, list]]]:
         """``{metric: {rank or "mean": (steps, values)}}``, at most ~``max_points`` each."""

@@ -121,11 +121,13 @@ class RunTracker:
             stop = min(len(self.history), start + PUBLISH_MAX_ROWS)
             if stop > start:
                 rows = self.history.rows(start, stop)
-                self.digest.add(self.history.columns(start, stop=stop))
+                # The means over ranks are taken once, here, from every row: a panel that
+                # thins the rows it draws still gets the exact mean line.
+                means = self.digest.add(self.history.columns(start, stop=stop))
                 self._published = stop
                 wire = [{"rank": r.pop("rank"), "step": r.pop("step"), "t": r.pop("t"), "metrics": r}
                         for r in rows]
-                self._emit(events.metrics(self.run_id, wire))
+                self._emit(events.metrics(self.run_id, wire, means=means))
             self._emit(events.progress(self.run_id, self.progress_rows()))
             memory = self.memory.take_fresh()
             if memory:
@@ -139,7 +141,9 @@ class RunTracker:
         """Publish every row that arrived (the run is over): the digest is then complete."""
         while self.publish():
             pass
-        self.digest.finish()
+        rest = self.digest.finish()
+        if rest:  # steps some rank never reached: their means over the ranks that logged them
+            self._emit(events.metrics(self.run_id, [], means=rest))
 
     def _publish_loop(self) -> None:
         while not self._stop.wait(PUBLISH_INTERVAL_S):
