@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
+from ._schema import Field, SchemaError, Shape, check
+
 SCHEMA_VERSION = 1
 COMM_TARGET = "phalanx"
 
@@ -31,260 +33,90 @@ RUN_STATES = ("running", "done", "failed", "interrupted", "timeout")
 MAX_WINDOW_POINTS = 100_000
 
 
-class SchemaError(ValueError):
-    """A message that does not fit the schema."""
+# --- the schema: what each event and request holds (mirrored in the lab extension's protocol.ts)
+
+# "number?": a figure the kernel may not know yet, absent or null.
+_ENGINE: Shape = {
+    "rank": "int", "engine_id": "int", "host": "string",
+    "state": Field("string", choices=ENGINE_STATES),
+    **dict.fromkeys(("memory_mb", "step", "pid", "cuda_allocated_mb", "cuda_reserved_mb",
+                     "cuda_peak_mb"), "number?"),
+}
+_RANK_PROGRESS: Shape = {
+    "rank": "int", "step": "int", "total": "number?", "steps_per_s": "number?", "eta_s": "number?",
+    "metrics": "object?",
+}
+_ROWS = Field("list", items={"rank": "int", "step": "int", "t": "number",
+                             "metrics": Field("object", items="number")})
+# The mean over ranks of each metric by step: {metric: [[step, mean], ...]}.
+_MEANS = Field("object", optional=True, items=Field("list", items=Field("pair", items="number")))
+_NODE: Shape = {
+    "id": "string", "label": "string", "kind": "string",
+    "state": Field("string", choices=NODE_STATES), "fit_time_s": "number?",
+}
+_RANK_MEMORY: Shape = {
+    "rank": "int", "t": "number",
+    **dict.fromkeys(("rss_mb", "cuda_allocated_mb", "cuda_reserved_mb", "cuda_peak_mb",
+                     "cuda_total_mb"), "number?"),
+}
+# Seconds in collectives and log(); once the rank finished a step, the step's parts too.
+_RANK_TIME: Shape = {
+    "rank": "int",
+    **dict.fromkeys(("collective_s", "collective_wait_s", "collective_move_s", "collectives",
+                     "log_s"), "number"),
+    **dict.fromkeys(("steps", "step_s", "dominant_share"), "number?"),
+    "parts": Field("object", optional=True, items="number"), "dominant": "string?",
+    "slow": "string?",
+}
+# A step window of one run (a zoomed chart), start <= end.
+_WINDOW: Shape = {"run": "string", "start": "number", "end": Field("number", not_before="start")}
 
 
-# --- field checks -----------------------------------------------------------------------------
-
-_NUM = (int, float)
-
-
-def _need(msg: Mapping[str, Any], key: str, types: type | tuple, where: str) -> Any:
-    if key not in msg:
-        raise SchemaError(f"{where}: missing field {key!r}")
-    value = msg[key]
-    if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
-        raise SchemaError(f"{where}: field {key!r} must be {_names(types)}, got bool")
-    if not isinstance(value, types):
-        raise SchemaError(f"{where}: field {key!r} must be {_names(types)}, got {type(value).__name__}")
-    return value
+def _inner_event(event: Any) -> None:
+    """One event of a snapshot: any valid event but another snapshot."""
+    if validate_event(event)["type"] == "snapshot":
+        raise SchemaError("a snapshot cannot contain a snapshot")
 
 
-def _names(types: type | tuple) -> str:
-    types = types if isinstance(types, tuple) else (types,)
-    return " or ".join(t.__name__ if t is not type(None) else "null" for t in types)
+EVENT_FIELDS: dict[str, Shape] = {
+    "cluster": {"engines": Field("list", items=_ENGINE), "max_engines": "int", "busy": "bool",
+                "error": "string?", "notice": "string?"},
+    "run_started": {"run": "string", "world_size": "int", "total_steps": "number?",
+                    "name": "string?"},
+    "progress": {"run": "string", "ranks": Field("list", items=_RANK_PROGRESS)},
+    "metrics": {"run": "string", "rows": _ROWS, "means": _MEANS},
+    "run_ended": {"run": "string", "status": Field("string", choices=RUN_STATES),
+                  "wall_s": "number"},
+    "network": {"network": "string", "nodes": Field("list", items=_NODE),
+                "edges": Field("list", items=Field("pair", items="string"))},
+    "snapshot": {"events": Field("list", items=Field("object", then=_inner_event))},
+    "memory": {"run": "string", "ranks": Field("list", items=_RANK_MEMORY)},
+    "time": {"run": "string", "ranks": Field("list", items=_RANK_TIME)},
+    "history_window": {**_WINDOW, "rows": _ROWS, "means": _MEANS},
+}
 
-
-def _opt_num(msg: Mapping[str, Any], key: str, where: str) -> None:
-    if msg.get(key) is not None:
-        _need(msg, key, _NUM, where)
-
-
-def _check_engine(e: Any, where: str) -> None:
-    if not isinstance(e, Mapping):
-        raise SchemaError(f"{where}: engine entry must be an object")
-    _need(e, "rank", int, where)
-    _need(e, "engine_id", int, where)
-    _need(e, "host", str, where)
-    state = _need(e, "state", str, where)
-    if state not in ENGINE_STATES:
-        raise SchemaError(f"{where}: engine state {state!r} not one of {ENGINE_STATES}")
-    for key in ("memory_mb", "step", "pid", "cuda_allocated_mb", "cuda_reserved_mb", "cuda_peak_mb"):
-        _opt_num(e, key, where)
-
-
-def _check_rank_progress(p: Any, where: str) -> None:
-    if not isinstance(p, Mapping):
-        raise SchemaError(f"{where}: rank progress must be an object")
-    _need(p, "rank", int, where)
-    _need(p, "step", int, where)
-    for key in ("total", "steps_per_s", "eta_s"):
-        _opt_num(p, key, where)
-    if not isinstance(p.get("metrics", {}), Mapping):
-        raise SchemaError(f"{where}: 'metrics' must be an object")
-
-
-def _check_row(r: Any, where: str) -> None:
-    if not isinstance(r, Mapping):
-        raise SchemaError(f"{where}: metric row must be an object")
-    _need(r, "rank", int, where)
-    _need(r, "step", int, where)
-    _need(r, "t", _NUM, where)
-    metrics = _need(r, "metrics", Mapping, where)
-    for name, value in metrics.items():
-        if not isinstance(value, _NUM) or isinstance(value, bool):
-            raise SchemaError(f"{where}: metric {name!r} must be a number")
-
-
-def _check_means(m: Mapping[str, Any], where: str) -> None:
-    """Optional ``means``: ``{metric: [[step, mean], ...]}``, the mean over ranks by step."""
-    means = m.get("means")
-    if means is None:
-        return
-    if not isinstance(means, Mapping):
-        raise SchemaError(f"{where}: 'means' must be an object of metric -> [[step, mean], ...]")
-    for name, points in means.items():
-        if not isinstance(points, list) or not all(
-                isinstance(p, list) and len(p) == 2 and all(
-                    isinstance(v, _NUM) and not isinstance(v, bool) for v in p) for p in points):
-            raise SchemaError(f"{where}: means of {name!r} must be a list of [step, mean] numbers")
-
-
-def _check_node(n: Any, where: str) -> None:
-    if not isinstance(n, Mapping):
-        raise SchemaError(f"{where}: node must be an object")
-    _need(n, "id", str, where)
-    _need(n, "label", str, where)
-    _need(n, "kind", str, where)
-    state = _need(n, "state", str, where)
-    if state not in NODE_STATES:
-        raise SchemaError(f"{where}: node state {state!r} not one of {NODE_STATES}")
-    _opt_num(n, "fit_time_s", where)
-
-
-def _check_cluster(m: Mapping[str, Any]) -> None:
-    engines = _need(m, "engines", list, "cluster")
-    for e in engines:
-        _check_engine(e, "cluster")
-    _need(m, "max_engines", int, "cluster")
-    _need(m, "busy", bool, "cluster")
-    if m.get("error") is not None:
-        _need(m, "error", str, "cluster")
-    if m.get("notice") is not None:
-        _need(m, "notice", str, "cluster")
-
-
-def _check_run_started(m: Mapping[str, Any]) -> None:
-    _need(m, "run", str, "run_started")
-    _need(m, "world_size", int, "run_started")
-    _opt_num(m, "total_steps", "run_started")
-    if m.get("name") is not None:
-        _need(m, "name", str, "run_started")
-
-
-def _check_progress(m: Mapping[str, Any]) -> None:
-    _need(m, "run", str, "progress")
-    for p in _need(m, "ranks", list, "progress"):
-        _check_rank_progress(p, "progress")
-
-
-def _check_metrics(m: Mapping[str, Any]) -> None:
-    _need(m, "run", str, "metrics")
-    for r in _need(m, "rows", list, "metrics"):
-        _check_row(r, "metrics")
-    _check_means(m, "metrics")
-
-
-def _check_run_ended(m: Mapping[str, Any]) -> None:
-    _need(m, "run", str, "run_ended")
-    status = _need(m, "status", str, "run_ended")
-    if status not in RUN_STATES:
-        raise SchemaError(f"run_ended: status {status!r} not one of {RUN_STATES}")
-    _need(m, "wall_s", _NUM, "run_ended")
-
-
-def _check_network(m: Mapping[str, Any]) -> None:
-    _need(m, "network", str, "network")
-    for n in _need(m, "nodes", list, "network"):
-        _check_node(n, "network")
-    for edge in _need(m, "edges", list, "network"):
-        if not (isinstance(edge, list) and len(edge) == 2 and all(isinstance(x, str) for x in edge)):
-            raise SchemaError("network: each edge must be a [source_id, target_id] pair of strings")
-
-
-def _per_rank(m: Mapping[str, Any], kind: str, required: tuple, optional: tuple = ()) -> None:
-    """An event of one run with a ``ranks`` list of ``{rank, <numbers>}`` entries."""
-    _need(m, "run", str, kind)
-    for entry in _need(m, "ranks", list, kind):
-        if not isinstance(entry, Mapping):
-            raise SchemaError(f"{kind}: rank entry must be an object")
-        _need(entry, "rank", int, kind)
-        for key in required:
-            _need(entry, key, _NUM, kind)
-        for key in optional:
-            _opt_num(entry, key, kind)
-
-
-def _check_memory(m: Mapping[str, Any]) -> None:
-    _per_rank(m, "memory", ("t",), ("rss_mb", "cuda_allocated_mb", "cuda_reserved_mb",
-                                    "cuda_peak_mb", "cuda_total_mb"))
-
-
-def _check_time(m: Mapping[str, Any]) -> None:
-    _per_rank(m, "time", ("collective_s", "collective_wait_s", "collective_move_s",
-                          "collectives", "log_s"), ("steps", "step_s", "dominant_share"))
-    for entry in m["ranks"]:  # the step's parts, once the rank has finished a step
-        parts = entry.get("parts")
-        if parts is not None:
-            if not isinstance(parts, Mapping):
-                raise SchemaError("time: field 'parts' must be an object of part -> seconds")
-            for key in parts:
-                _need(parts, key, _NUM, "time parts")
-        for key in ("dominant", "slow"):
-            if entry.get(key) is not None:
-                _need(entry, key, str, "time")
-
-
-def _check_window(m: Mapping[str, Any], where: str) -> None:
-    """A step window ``[start, end]`` of one run (a zoomed chart)."""
-    _need(m, "run", str, where)
-    start, end = _need(m, "start", _NUM, where), _need(m, "end", _NUM, where)
-    if end < start:
-        raise SchemaError(f"{where}: end ({end}) is before start ({start}); give start <= end")
-
-
-def _check_history_window(m: Mapping[str, Any]) -> None:
-    _check_window(m, "history_window")
-    for r in _need(m, "rows", list, "history_window"):
-        _check_row(r, "history_window")
-    _check_means(m, "history_window")
-
-
-def _check_snapshot(m: Mapping[str, Any]) -> None:
-    for ev in _need(m, "events", list, "snapshot"):
-        validate_event(ev)
-
-
-_EVENT_CHECKS = {
-    "cluster": _check_cluster,
-    "run_started": _check_run_started,
-    "progress": _check_progress,
-    "metrics": _check_metrics,
-    "run_ended": _check_run_ended,
-    "network": _check_network,
-    "snapshot": _check_snapshot,
-    "memory": _check_memory,
-    "time": _check_time,
-    "history_window": _check_history_window,
+REQUEST_FIELDS: dict[str, Shape] = {
+    "request_snapshot": {},
+    "scale": {"n": Field("int", least=1)},
+    "stop": {},
+    "stop_run": {},
+    "request_window": {**_WINDOW, "max_points": Field("int", optional=True, least=1,
+                                                      most=MAX_WINDOW_POINTS)},
+    # the next run records ``steps`` (5) steps: --profile
+    "profile_next": {"steps": Field("int", optional=True, least=1)},
 }
 
 
-def _check_scale(m: Mapping[str, Any]) -> None:
-    n = _need(m, "n", int, "scale")
-    if n < 1:
-        raise SchemaError(f"scale: n must be at least 1, got {n}")
-
-
-def _no_fields(m: Mapping[str, Any]) -> None:
-    return None
-
-
-def _check_window_request(m: Mapping[str, Any]) -> None:
-    _check_window(m, "request_window")
-    if m.get("max_points") is not None:
-        n = _need(m, "max_points", int, "request_window")
-        if not 1 <= n <= MAX_WINDOW_POINTS:
-            raise SchemaError(f"request_window: max_points must be between 1 and "
-                              f"{MAX_WINDOW_POINTS}, got {n}")
-
-
-def _check_profile_next(m: Mapping[str, Any]) -> None:
-    steps = m.get("steps")
-    if steps is not None and (_need(m, "steps", int, "profile_next") < 1):
-        raise SchemaError(f"profile_next: steps must be at least 1, got {steps}")
-
-
-_REQUEST_CHECKS = {
-    "request_snapshot": _no_fields,
-    "scale": _check_scale,
-    "stop": _no_fields,
-    "stop_run": _no_fields,
-    "request_window": _check_window_request,
-    "profile_next": _check_profile_next,  # the next run records ``steps`` (5) steps: --profile
-}
-
-
-def _validate(msg: Any, checks: Mapping[str, Any], kind: str) -> dict:
+def _validate(msg: Any, shapes: Mapping[str, Shape], kind: str) -> dict:
     if not isinstance(msg, Mapping):
         raise SchemaError(f"{kind} must be a JSON object, got {type(msg).__name__}")
     version = msg.get("v")
     if version != SCHEMA_VERSION:
         raise SchemaError(f"{kind} has schema version {version!r}; this side speaks {SCHEMA_VERSION}")
     kind_name = msg.get("type")
-    if kind_name not in checks:
-        raise SchemaError(f"unknown {kind} type {kind_name!r}; known: {sorted(checks)}")
-    checks[kind_name](msg)
+    if not isinstance(kind_name, str) or kind_name not in shapes:
+        raise SchemaError(f"unknown {kind} type {kind_name!r}; known: {sorted(shapes)}")
+    check(shapes[kind_name], msg, kind_name)
     return dict(msg)
 
 
@@ -295,8 +127,12 @@ def validate_event(msg: Any) -> dict:
 
         >>> validate_event({"v": 1, "type": "run_ended", "run": "r1", "status": "done", "wall_s": 1.5})["status"]
         'done'
+        >>> validate_event({"v": 1, "type": "run_ended", "run": "r1", "status": "done"})
+        Traceback (most recent call last):
+        ...
+        phalanx._schema.SchemaError: run_ended: missing field 'wall_s'
     """
-    return _validate(msg, _EVENT_CHECKS, "event")
+    return _validate(msg, EVENT_FIELDS, "event")
 
 
 def validate_request(msg: Any) -> dict:
@@ -307,7 +143,7 @@ def validate_request(msg: Any) -> dict:
         >>> validate_request({"v": 1, "type": "scale", "n": 3})["n"]
         3
     """
-    return _validate(msg, _REQUEST_CHECKS, "request")
+    return _validate(msg, REQUEST_FIELDS, "request")
 
 
 # --- constructors (the kernel side builds events only through these) ----------------------------
