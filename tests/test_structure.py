@@ -85,12 +85,7 @@ def describe(cycle: tuple[str, ...]) -> str:
     return " -> ".join(name.removeprefix(PACKAGE.name + ".") for name in cycle + cycle[:1])
 
 
-# to be removed by issue 17 item 3/4
-KNOWN_CYCLES = {
-    # the launcher registry imports the launchers that subclass its base
-    "cluster._batch -> cluster._launchers -> cluster._batch",
-    "cluster._launchers -> cluster._ssh -> cluster._launchers",
-}
+KNOWN_CYCLES: set[str] = set()
 
 
 def test_there_are_no_import_cycles_between_modules_but_the_known_ones():

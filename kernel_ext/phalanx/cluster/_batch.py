@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 from ._errors import ClusterError
-from ._launchers import LaunchOptions, RemoteLauncher
+from ._launcher_base import LaunchOptions, RemoteLauncher
 
 # sh runs the submit command with its error output on stdout: ipyparallel keeps only stdout,
 # and the batch system's own message ("invalid partition specified") is what to show.

@@ -20,7 +20,7 @@ import sys
 from typing import Any
 
 from ._errors import ClusterError
-from ._launchers import LaunchOptions, RemoteLauncher
+from ._launcher_base import LaunchOptions, RemoteLauncher
 
 # never prompt in a kernel nobody watches; give up on a dead host in seconds
 SSH_DEFAULTS = ["-o", "BatchMode=yes", "-o", "ConnectTimeout=10"]

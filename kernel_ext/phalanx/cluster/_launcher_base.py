@@ -1,0 +1,131 @@
+"""What every launcher shares: the options of ``%cluster start`` and the base classes.
+
+:class:`Launcher` is the local launcher and the base of all others (the cluster manager speaks
+only to its methods); :class:`RemoteLauncher` is the base of launchers whose engines run on other
+hosts (SSH, batch systems).  The concrete launchers subclass these in their own modules and
+:mod:`._launchers` names them; this module imports none of them.
+
+Example::
+
+    >>> Launcher(LaunchOptions()).listen_address(configured=None)
+    '127.0.0.1'
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+from ._errors import ClusterError
+from ._locality import is_loopback, route_address
+
+
+# Any address outside this host's networks: asking the routing table for it yields the address
+# on the default route (documentation range: no packet is ever sent there).
+_OUTSIDE = "198.51.100.1"
+CURVE_ARG = "--IPController.enable_curve=True"
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """What ``%cluster start`` says about where engines run (``None``: the profile's or default)."""
+
+    ip: str | None = None            # --ip: the controller's listening address
+    hosts: str | None = None         # --hosts a:2,b:2 (ssh)
+    submit_args: str | None = None   # --slurm-args / --pbs-args / --lsf-args: extra submit flags
+    encrypt: bool = True             # --no-encryption turns CurveZMQ off beyond loopback
+    profile: str | None = None
+
+
+class Launcher:
+    """Engines on this host, one engine set per engine (so any rank restarts alone)."""
+
+    name = "local"            # --launcher NAME; ipyparallel names its engine-set launcher alike
+    engines_here = True       # engines certainly run on the kernel's host
+    one_set_per_engine = True
+    ask_engines_to_exit = False  # before stopping them through the launcher (slow for SSH)
+    ends_engines_by_pid = True   # its engines are processes here that phalanx may signal itself
+
+    def __init__(self, options: LaunchOptions) -> None:
+        self.options = options
+        self.profile_config: Any = None  # the ipyparallel profile's config, once loaded
+        self.profile_dir: Any = None     # ... and its folder
+
+    def default_count(self) -> int | None:
+        """How many engines ``%cluster start`` without ``-n`` means (``None``: the usual)."""
+        return None
+
+    def check(self) -> None:
+        """Refuse early, before any process starts, what cannot work (a missing tool...)."""
+
+    def listen_address(self, configured: str | None) -> str:
+        """Where the controller listens: ``--ip``, the profile's address, else the default."""
+        return self.options.ip or configured or "127.0.0.1"
+
+    def controller_args(self, address: str) -> list[str]:
+        """Beyond loopback the controller's sockets are CurveZMQ-encrypted unless turned off."""
+        return [CURVE_ARG] if self.options.encrypt and not is_loopback(address) else []
+
+    def engine_kwargs(self, set_id: str, count: int, environment: dict[str, str]) -> dict:
+        """Keyword arguments of ``Cluster.start_engines`` for one engine set."""
+        from ._supervise import command as supervised, parent_env
+
+        # on this host engines can watch the kernel and stop when it is gone
+        return {"engine_cmd": supervised("ipyparallel.engine"),
+                "environment": {**environment, **parent_env()}}
+
+    def set_failure(self, engine_set: Any, waited_out: bool) -> str | None:
+        """Why an engine set that has not registered will not (``None``: keep waiting).
+
+        ``waited_out`` is true once the start timeout has passed."""
+        return None
+
+    def set_name(self, engine_set: Any) -> str:
+        """How an engine set is named in messages."""
+        return "engine(s)"
+
+    def submit_error(self, exc: Any) -> ClusterError:
+        """A command that starts engines failed (batch launchers show the system's message)."""
+        return ClusterError(f"the {self.name} launcher could not start engines: {exc}")
+
+    def forget(self, engine_set: Any) -> None:
+        """Let go of an engine set whose engines have all exited on request."""
+
+    def after_stop(self, engine_set: Any, timeout: float = 30.0) -> None:
+        """Wait, after ipyparallel stopped an engine set, until it is really gone."""
+
+
+class RemoteLauncher(Launcher):
+    """Engines on other hosts: the controller listens where they can reach it."""
+
+    engines_here = False
+    one_set_per_engine = False
+    ends_engines_by_pid = False
+
+    def listen_address(self, configured: str | None) -> str:
+        if self.options.ip or configured:
+            return self.options.ip or configured  # type: ignore[return-value]
+        toward = self.engines_toward()
+        try:
+            return route_address(toward or _OUTSIDE)
+        except OSError:
+            return default_address()
+
+    def engines_toward(self) -> str | None:
+        """A host the engines run on, or next to (its route picks the interface)."""
+        return None
+
+    def engine_kwargs(self, set_id: str, count: int, environment: dict[str, str]) -> dict:
+        return {"environment": dict(environment)}
+
+
+def default_address() -> str:
+    """This host's first non-loopback IPv4 address (loopback when it has none)."""
+    import psutil
+
+    for addresses in psutil.net_if_addrs().values():
+        for address in addresses:
+            if address.family == socket.AF_INET and not is_loopback(address.address):
+                return address.address
+    return "127.0.0.1"
