@@ -82,6 +82,7 @@ class Chunk:
         """Every column (from memory, or read from the file)."""
         if self.columns is not None:
             return self.columns
+        assert self.path is not None, "a chunk holds its columns or the path of its file"
         if not os.path.exists(self.path):
             raise FileNotFoundError(
                 f"the metric history file {self.path} is gone (a run's history is removed with the "
@@ -91,8 +92,10 @@ class Chunk:
 
     def spill(self, path: str) -> "Chunk":
         """Write the columns to ``path``; the same rows, now read from disk."""
+        assert self.columns is not None, "only a chunk in memory is spilled"
         tmp = path + ".tmp.npz"
-        np.savez(tmp, **self.columns)
+        # numpy's stub reads **columns as if it could hold savez's allow_pickle flag
+        np.savez(tmp, **self.columns)  # type: ignore[arg-type]
         os.replace(tmp, path)  # a reader never sees a half-written part
         return Chunk(self.rows, self.names, self.spans, path=path)
 

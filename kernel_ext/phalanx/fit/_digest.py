@@ -180,14 +180,14 @@ class CurveDigest:
                     out.setdefault(name, {})[key] = (drawn[:, 1].tolist(), drawn[:, 0].tolist())
             return out
 
-    def stats(self) -> dict[str, dict[str, dict[str, float]]]:
+    def stats(self) -> dict[str, dict[str, dict[str, float | None]]]:
         """Per rank and metric: how many values were logged, their min, max and last (exact:
         the downsampling keeps every line's extremes and last point).
 
         Example: ``digest.stats()["0"]["loss"] == {"count": 500, "min": 0.1, "max": 2.3, "last": 0.1}``
         """
         with self._lock:
-            out: dict[str, dict[str, dict[str, float]]] = {}
+            out: dict[str, dict[str, dict[str, float | None]]] = {}
             for name, lines in self._lines.items():
                 for rank, line in lines.items():
                     values = line.points()[:, 0]
@@ -206,7 +206,7 @@ class CurveDigest:
             merged: dict[tuple[int, int], dict] = {}
             for name, lines in self._lines.items():
                 for rank, line in lines.items():
-                    if rank == MEAN:
+                    if not isinstance(rank, int):  # the mean line: not a rank's row
                         continue
                     for value, step, t in line.points().tolist():
                         row = merged.setdefault((rank, int(step)), {
@@ -252,7 +252,7 @@ def window_points(history: Any, metric: str, key: Hashable, start: float, end: f
     """One line of a zoomed chart: ``(steps, values)`` of ``metric`` for rank ``key`` (or the
     mean over ranks, ``key == "mean"``) with ``start <= step <= end``, at full resolution up to
     ``max_points``, downsampled (M4) beyond."""
-    cols = history.columns(0, None if key == MEAN else int(key), (start, end))
+    cols = history.columns(0, _rank_of(key), (start, end))
     steps, values = cols["step"], cols.get(metric, np.zeros(len(cols["step"])) * np.nan)
     logged = ~np.isnan(values)
     steps, values = steps[logged], values[logged]
@@ -264,3 +264,12 @@ def window_points(history: Any, metric: str, key: Hashable, start: float, end: f
         steps, values = steps[order], values[order]
     keep = m4_indices(values, max(1, (max_points or MAX_POINTS) // 4))
     return steps[keep].astype(float), values[keep]
+
+
+def _rank_of(key: Hashable) -> int | None:
+    """The rank whose line ``key`` names (``None``: the mean over ranks)."""
+    if key == MEAN:
+        return None
+    if isinstance(key, (int, str, np.integer)):
+        return int(key)
+    raise TypeError(f"a line is named by its rank or {MEAN!r}, not {key!r}")

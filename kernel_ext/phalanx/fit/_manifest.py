@@ -19,7 +19,7 @@ def engine_versions() -> dict:
     import platform as pf
     import socket
 
-    out = {"python": pf.python_version(), "host": socket.gethostname()}
+    out: dict[str, str | None] = {"python": pf.python_version(), "host": socket.gethostname()}
     for package in ("torch", "cloudpickle", "numpy", "phalanx", "scikit-learn", "ipyparallel"):
         try:
             out[package] = md.version(package)

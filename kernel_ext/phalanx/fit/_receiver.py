@@ -23,7 +23,7 @@ class MetricsReceiver:
     def __init__(self, bind_ip: str = "127.0.0.1", advertise_ip: str | None = None) -> None:
         import zmq
 
-        self._ctx = zmq.Context.instance()
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._socket = self._ctx.socket(zmq.PULL)
         self._socket.setsockopt(zmq.LINGER, 0)
         port = self._socket.bind_to_random_port(f"tcp://{bind_ip}")
@@ -68,8 +68,9 @@ class MetricsReceiver:
                 if self.dropped == 1:
                     log.warning("phalanx: dropped a metric batch from outside this cluster")
                 continue
+            run = message.get("run")
             with self._lock:
-                handler = self._handlers.get(message.get("run"))
+                handler = self._handlers.get(run) if isinstance(run, str) else None
             if handler is not None:
                 try:
                     handler(message)

@@ -28,8 +28,9 @@ class RunRecord:
     memory: dict[int, dict[str, float]] = field(default_factory=dict)
     profile: Any = None              # a ProfileReport with --profile
     # Seconds per rank in phalanx collectives (waiting for the slowest peer / moving bytes) and
-    # in log(): {rank: {"collective_s", "collective_wait_s", "collective_move_s", "log_s", ...}}
-    timing: dict[int, dict[str, float]] = field(default_factory=dict)
+    # in log(): {rank: {"collective_s", "collective_wait_s", "collective_move_s", "log_s", ...}},
+    # seconds but for "slow", the text saying which part made a slow rank slow
+    timing: dict[int, dict[str, Any]] = field(default_factory=dict)
     # The curves at bounded size (a CurveDigest): what the summary draws and a reloaded panel gets
     digest: Any = None
     # Each rank's step parts through the run, at bounded size (a PartsSeries)
