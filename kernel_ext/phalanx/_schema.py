@@ -66,7 +66,7 @@ def check(shape: Shape, msg: Mapping[str, Any], where: str, path: str = "") -> N
         if msg.get(key) is None and field.optional:
             continue
         if key not in msg:
-            raise SchemaError(f"{where}: missing field {name!r}")
+            raise SchemaError(f"{where}: missing field '{name}'")
         _check_value(field, msg[key], where, name, msg)
 
 
@@ -81,9 +81,9 @@ def _as_field(spec: Spec) -> Field:
 def _check_value(field: Field, value: Any, where: str, name: str,
                  parent: Mapping[str, Any] | None = None) -> None:
     if not _fits(value, field.kind):
-        raise SchemaError(f"{where}: field {name!r} must be {_expected(field)}, got {_kind_of(value)}")
+        raise SchemaError(f"{where}: field '{name}' must be {_expected(field)}, got {kind_of(value)}")
     if field.choices and value not in field.choices:
-        raise SchemaError(f"{where}: {name} {value!r} not one of {', '.join(field.choices)}")
+        raise SchemaError(f"{where}: {name} '{value}' not one of {', '.join(field.choices)}")
     _check_range(field, value, where, name)
     sibling = field.not_before
     if sibling is not None and parent is not None and value < parent[sibling]:
@@ -136,7 +136,7 @@ def _expected(field: Field) -> str:
     return f"a [{item}, {item}] pair"
 
 
-def _kind_of(value: Any) -> str:
+def kind_of(value: Any) -> str:
     """The JSON name of a value's kind, as the messages say it."""
     if value is None:
         return "null"

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
-from ._schema import Field, SchemaError, Shape, check
+from ._schema import Field, SchemaError, Shape, check, kind_of
 
 SCHEMA_VERSION = 1
 COMM_TARGET = "phalanx"
@@ -109,13 +109,13 @@ REQUEST_FIELDS: dict[str, Shape] = {
 
 def _validate(msg: Any, shapes: Mapping[str, Shape], kind: str) -> dict:
     if not isinstance(msg, Mapping):
-        raise SchemaError(f"{kind} must be a JSON object, got {type(msg).__name__}")
+        raise SchemaError(f"{kind} must be a JSON object, got {kind_of(msg)}")
     version = msg.get("v")
     if version != SCHEMA_VERSION:
         raise SchemaError(f"{kind} has schema version {version!r}; this side speaks {SCHEMA_VERSION}")
     kind_name = msg.get("type")
     if not isinstance(kind_name, str) or kind_name not in shapes:
-        raise SchemaError(f"unknown {kind} type {kind_name!r}; known: {sorted(shapes)}")
+        raise SchemaError(f"unknown {kind} type {kind_name!r}; known: {', '.join(sorted(shapes))}")
     check(shapes[kind_name], msg, kind_name)
     return dict(msg)
 

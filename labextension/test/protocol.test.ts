@@ -52,11 +52,17 @@ describe('error messages name the field', () => {
     expect(() => validateEvent({ v: 7, type: 'cluster' })).toThrow('schema version 7');
   });
 
-  it('names the metric that is not a number', () => {
+  it('names the path of a nested field', () => {
     const row = { rank: 0, step: 1, t: 0, metrics: { acc: 'high' } };
     expect(() => validateEvent({ v: 1, type: 'metrics', run: 'r', rows: [row] })).toThrow(
-      "metric 'acc'"
+      "field 'rows[0].metrics.acc' must be number, got string"
     );
+  });
+
+  // The same texts are asserted against events.py by tests/test_events_schema.py.
+  it.each(messages.errors.map(c => [c.says, c]))('says %s', (says, c) => {
+    const check = () => ('event' in c ? validateEvent(c.event) : validateRequest(c.request));
+    expect(check).toThrow(new SchemaError(says));
   });
 
   it('does not treat inherited keys as event types', () => {
