@@ -31,7 +31,8 @@ from ._dask import dask_client, stop_dask
 from ._errors import MachineFitError, NetworkError
 from ._events import network_event
 from ._fitlog import FitLog
-from ._graph import Machine, Node, Source, machine, node, source
+from ._build import machine, node, source
+from ._graph import Machine, Node, Source
 
 # Nodes and machines fit, compute and draw themselves through the layers built on them; they
 # find those layers here rather than importing them (see ._hooks).

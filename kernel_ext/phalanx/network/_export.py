@@ -34,8 +34,9 @@ from sklearn.utils.metaestimators import available_if
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from ._build import machine, source  # noqa: F401 - machine: for the example
 from ._errors import MachineFitError
-from ._graph import Node, Source, machine, source  # noqa: F401 - machine: for the example
+from ._graph import Node, Source
 from ._scheduler import fit_network
 from ._topology import Network
 

@@ -7,10 +7,14 @@ machine's method (``pca.transform(W)``) or by a plain function (a *static* node)
 Nothing here fits, schedules or draws anything: ``Node.fit``, calling a node and its notebook
 drawing hand the graph to the layers the package installs in :mod:`._hooks`.
 
+The functions that build them, :func:`source`, :func:`machine` and :func:`node`, are in
+:mod:`._build`.
+
 Example::
 
     >>> import numpy as np
     >>> from sklearn.preprocessing import StandardScaler
+    >>> from phalanx.network import machine, source
     >>> X = source(np.arange(6.0).reshape(3, 2), name="X")
     >>> stand = machine(StandardScaler(), X, name="stand")
     >>> W = stand.transform(X)
@@ -128,17 +132,17 @@ class Node:
         return hooks().draw(self)
 
     # --- arithmetic builds static nodes --------------------------------------------------------
-    def __add__(self, other): return node(operator.add, self, other)
-    def __radd__(self, other): return node(operator.add, other, self)
-    def __sub__(self, other): return node(operator.sub, self, other)
-    def __rsub__(self, other): return node(operator.sub, other, self)
-    def __mul__(self, other): return node(operator.mul, self, other)
-    def __rmul__(self, other): return node(operator.mul, other, self)
-    def __truediv__(self, other): return node(operator.truediv, self, other)
-    def __rtruediv__(self, other): return node(operator.truediv, other, self)
-    def __pow__(self, other): return node(operator.pow, self, other)
-    def __matmul__(self, other): return node(operator.matmul, self, other)
-    def __neg__(self): return node(operator.neg, self)
+    def __add__(self, other): return static_node(operator.add, (self, other))
+    def __radd__(self, other): return static_node(operator.add, (other, self))
+    def __sub__(self, other): return static_node(operator.sub, (self, other))
+    def __rsub__(self, other): return static_node(operator.sub, (other, self))
+    def __mul__(self, other): return static_node(operator.mul, (self, other))
+    def __rmul__(self, other): return static_node(operator.mul, (other, self))
+    def __truediv__(self, other): return static_node(operator.truediv, (self, other))
+    def __rtruediv__(self, other): return static_node(operator.truediv, (other, self))
+    def __pow__(self, other): return static_node(operator.pow, (self, other))
+    def __matmul__(self, other): return static_node(operator.matmul, (self, other))
+    def __neg__(self): return static_node(operator.neg, (self,))
 
     # Nodes are used as dict keys by identity; never compare them elementwise.
     __hash__ = object.__hash__
@@ -162,7 +166,7 @@ class Source(Node):
 
         Example::
 
-            >>> y = source([1, 2, 3]); _ = y.rebind([4, 5, 6]); y()
+            >>> y = Source([1, 2, 3]); _ = y.rebind([4, 5, 6]); y()
             [4, 5, 6]
         """
         self.data = data
@@ -319,6 +323,13 @@ def _require_method(m: Machine, model: Any, method: str) -> None:
                            f"{method!r}")
 
 
+def static_node(fn: Callable, args: tuple, name: str | None = None) -> Node:
+    """A static node computing ``fn(*args)``, refused at once when it could not be shipped."""
+    n = Node(fn, args, name=name)
+    _check_shippable(n)
+    return n
+
+
 def _check_shippable(n: Node) -> None:
     import cloudpickle
 
@@ -358,49 +369,3 @@ def operation_closure(roots: Iterable[object]) -> Closure:
             out.machines.append(n.machine)
         stack.extend(reversed([a for a in n.args if isinstance(a, Node)]))
     return out
-
-
-# --- constructors -----------------------------------------------------------------------------
-
-def source(data: Any = None, name: str | None = None) -> Source:
-    """A source node holding ``data``.
-
-    Example::
-
-        >>> X = source([[1.0], [2.0]], name="X"); X()
-        [[1.0], [2.0]]
-    """
-    return Source(data, name=name)
-
-
-def machine(model: Any, *training_args: Any, name: str | None = None,
-            fit_runner: Callable | None = None, cache: bool = True) -> Machine:
-    """Bind ``model`` to its training arguments (nodes; plain data becomes a source).
-
-    Example::
-
-        >>> from sklearn.linear_model import Ridge
-        >>> X, y = source([[0.0], [1.0]]), source([0.0, 1.0])
-        >>> ridge = machine(Ridge(), X, y, name="ridge")
-        >>> yhat = ridge.predict(X)
-    """
-    return Machine(model, training_args, name=name, fit_runner=fit_runner, cache=cache)
-
-
-def node(fn: Callable, *args: Any, name: str | None = None) -> Node:
-    """A static node computing ``fn(*args)``; ``args`` are nodes or constants.
-
-    ``fn`` must be picklable by cloudpickle, because fits on a cluster ship it to engines.
-
-    Example::
-
-        >>> a = source([1.0, 2.0])
-        >>> twice = node(lambda v: [2 * x for x in v], a, name="twice")
-        >>> twice()
-        [2.0, 4.0]
-    """
-    if not callable(fn):
-        raise NetworkError(f"node {name or fn!r}: {type(fn).__name__} is not callable")
-    n = Node(fn, args, name=name)
-    _check_shippable(n)
-    return n
