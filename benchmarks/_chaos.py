@@ -24,14 +24,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import psutil
+from _chaos_leaks import SETTLE_S, Leftovers
 
 KINDS = ("sigkill", "sigstop", "exception", "sleep_stall", "exit_in_collective", "interrupt")
 KERNEL_SIDE = {"sigkill": signal.SIGKILL, "sigstop": signal.SIGSTOP, "interrupt": signal.SIGINT}
 COLLECTIVE_TIMEOUT_S = 3
 STEPS = 30
 HANG_S = 90.0          # a cell still running this long is a hang: the watchdog interrupts it
-SETTLE_S = 20.0        # how long leftovers get to go away before they count as leaks
 
 SETUP = f"""
 import os, signal, time, threading
@@ -134,7 +133,7 @@ class Chaos:
         os.mkdir(self.engine_tmp)
         self.reference: list | None = None
         self._saved_tmpdir: str | None = os.environ.get("TMPDIR")
-        self.baseline: dict = {}
+        self.leftovers = Leftovers(self.session, self.engine_tmp)
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -153,8 +152,7 @@ class Chaos:
         # (a one-time import of the plotting stack) is not counted in the first fault's time.
         self.cell(f"%%distributed_fit {flags(0)} --return model\n" + LOOP)
         self.reference = _params(self.shell.user_ns["model"])
-        self.baseline = self._snapshot()
-        self.baseline["temp"] = set(_listing(self.engine_tmp))  # e.g. torch's compile cache
+        self.leftovers.take_baseline()
 
     def stop(self) -> list[str]:
         """Stop the cluster; returns what it left behind (processes, temp files)."""
@@ -168,8 +166,7 @@ class Chaos:
         from phalanx.cluster._procs import wait_gone
 
         leaks = [f"process {p.pid}" for p in wait_gone(pids, SETTLE_S)]
-        leaks += [f"temp {p}" for p in _listing(self.engine_tmp)
-                  if p not in self.baseline.get("temp", ())]
+        leaks += [f"temp {p}" for p in self.leftovers.temp_files()]
         shutil.rmtree(self.tmp, ignore_errors=True)
         return leaks
 
@@ -219,7 +216,7 @@ class Chaos:
         else:
             self._judge_completion(outcome, fault_at)
         self._recover(outcome, victim)
-        outcome.leaks = self._leaks()
+        outcome.leaks = self.leftovers.after_settling()
         return outcome
 
     def _judge(self, outcome: Outcome, error: Any, victim: Any) -> None:
@@ -268,48 +265,6 @@ class Chaos:
         except BaseException as exc:  # noqa: BLE001 - the finding is recorded, the chaos goes on
             outcome.detail += f" | next cell: {type(exc).__name__}: {exc}"[:300]
 
-    def _snapshot(self) -> dict:
-        cluster = self.session.cluster
-        procs = cluster.process_ids()
-        engines = {s.pid: s.engine_id for s in cluster.slots()}
-        return {"threads": threading.active_count(),
-                "kernel_listeners": len(_listeners([os.getpid()])),
-                "engine_threads": _engine_threads(cluster, engines),
-                "known": {p for ps in procs.values() for p in ps}}
-
-    def _leaks(self) -> list[str]:
-        """What this run left behind, after giving it ``SETTLE_S`` to go away."""
-        base, cluster = self.baseline, self.session.cluster
-
-        def found() -> list[str]:
-            known = {p for ps in cluster.process_ids().values() for p in ps}
-            strays = [p.pid for p in psutil.Process().children(recursive=True)
-                      if p.pid not in known and _running(p)]
-            leaks = [f"process {p}" for p in strays]
-            leaks += [f"shm {n}" for n in _shm_segments(self.session.fits._id)]
-            leaks += [f"temp {p}" for p in _listing(self.engine_tmp) if p not in base["temp"]]
-            if threading.active_count() > base["threads"]:
-                leaks.append(f"kernel threads {threading.active_count()} > {base['threads']}")
-            listeners = len(_listeners([os.getpid()]))
-            if listeners > base["kernel_listeners"]:
-                leaks.append(f"kernel listeners {listeners} > {base['kernel_listeners']}")
-            leaks += [f"listener of stray process {p}" for p in _listeners(strays)]
-            engines = {s.pid: s.engine_id for s in cluster.slots() if s.state == "idle"}
-            for pid, count in _engine_threads(cluster, engines).items():
-                before = base["engine_threads"].setdefault(pid, count)
-                if count > before:
-                    leaks.append(f"engine {pid} threads {count} > {before}")
-            return leaks
-
-        leaks: list[str] = []
-        deadline = time.monotonic() + SETTLE_S
-        while time.monotonic() < deadline:
-            leaks = found()
-            if not leaks:
-                break
-            time.sleep(0.5)
-        return leaks
-
 
 # --- helpers ------------------------------------------------------------------------------------
 
@@ -354,43 +309,6 @@ def _marked_time(mark: str) -> float | None:
             return float(f.read())
     except (FileNotFoundError, ValueError):
         return None
-
-
-def _engine_threads(cluster: Any, engines: dict) -> dict:
-    counts = {}
-    for pid, engine_id in engines.items():
-        try:
-            counts[pid] = cluster.client[engine_id].apply_sync(threading.active_count)
-        except Exception:  # an engine gone meanwhile has no threads to leak
-            continue
-    return counts
-
-
-def _listeners(pids: list[int]) -> list:
-    wanted = set(pids)
-    return [(c.pid, c.laddr) for c in psutil.net_connections(kind="inet")
-            if c.pid in wanted and c.status == psutil.CONN_LISTEN]
-
-
-def _shm_segments(runner_id: str) -> list[str]:
-    try:
-        return [n for n in os.listdir("/dev/shm") if runner_id in n]
-    except FileNotFoundError:
-        return []
-
-
-def _listing(folder: str) -> list[str]:
-    try:
-        return sorted(os.listdir(folder))
-    except FileNotFoundError:
-        return []
-
-
-def _running(proc: psutil.Process) -> bool:
-    try:
-        return proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def _wait(predicate: Any, timeout: float) -> bool:
