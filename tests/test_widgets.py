@@ -18,7 +18,7 @@ from phalanx.events import progress as progress_event
 from phalanx.events import metrics as metrics_event
 from phalanx.events import run_ended
 from phalanx.fit import MetricHistory, RunRecord
-from phalanx.widgets import RunDisplay, RunSummary, TextProgress, widgets_available
+from phalanx.widgets import ClusterStatus, RunDisplay, RunSummary, TextProgress, cluster_view, widgets_available
 from phalanx.widgets import _display, _frontend, _plot
 from phalanx.widgets._cluster_table import merge_rows, table_html
 from phalanx.widgets._format import bar_range, overall, progress_line, rank_text
@@ -315,8 +315,8 @@ def test_cluster_widget_says_what_waits_for_the_run():
     bus = EventBus()
     engine = {"rank": 0, "engine_id": 0, "host": "h", "pid": None, "device": "cpu",
               "state": "busy", "memory_mb": None, "step": None}
-    session = SimpleNamespace(events=bus, max_engines=4, status=None,
-                              cluster=SimpleNamespace(size=1, running=False, launcher="local"))
+    session = SimpleNamespace(events=bus, max_engines=4, status=None, size=1, running=False,
+                              launcher="local")
     panel = ClusterWidget(session)
     bus.emit(cluster_state([engine], 4, notice="scale to 2 after run-3"))   # + during a run
     assert "scale to 2 after run-3" in panel.message.value
@@ -330,8 +330,8 @@ def test_cluster_widget_shows_a_change_made_elsewhere():
     from phalanx.widgets import ClusterWidget
 
     bus = EventBus()
-    session = SimpleNamespace(events=bus, max_engines=4, status=None,
-                              cluster=SimpleNamespace(size=0, running=False, launcher="local"))
+    session = SimpleNamespace(events=bus, max_engines=4, status=None, size=0, running=False,
+                              launcher="local")
     panel = ClusterWidget(session)
     assert "not running" in panel.title.value and not panel.start_button.disabled
     engine = {"rank": 0, "engine_id": 0, "host": "h", "pid": None, "device": "cpu",
@@ -345,15 +345,31 @@ def test_cluster_widget_shows_a_change_made_elsewhere():
     panel.close()
 
 
+def test_the_sessions_engine_status_shows_as_the_table_of_cluster_status():
+    from phalanx._magics import register
+    from phalanx._session import EngineStatus
+
+    shell = InteractiveShell.instance()
+    register(shell)     # %load_ext phalanx
+    engine = {"rank": 0, "engine_id": 3, "host": "h", "pid": 9, "device": "cpu",
+              "state": "idle", "memory_mb": None, "step": None}
+    shown, _ = shell.display_formatter.format(EngineStatus([engine], "local"))
+    assert shown["text/plain"] == repr(ClusterStatus([engine], "local"))
+    assert shown["text/plain"].startswith("1 engine(s), local launcher")
+    assert "<table>" in shown["text/html"]
+    session = SimpleNamespace(status=lambda: EngineStatus([], "local"), shell=shell)
+    assert "no cluster is running" in repr(cluster_view(session))   # a terminal: the table
+
+
 def test_run_display_chooses_text_outside_a_widget_frontend(capsys):
     bus = EventBus()
-    session = SimpleNamespace(events=bus, fits=SimpleNamespace(last=None))
+    session = SimpleNamespace(events=bus, last_record=None)
     shown = RunDisplay(session, InteractiveShell.instance(), widget=True)
     tracker = SimpleNamespace(run_id="r-9", world_size=2, total_steps=4)
     shown.start(tracker, "run-9")
     assert isinstance(shown.view, TextProgress) and not shown.live
     bus.emit(progress_event("r-9", [rank_progress(0, 2, 4), rank_progress(1, 2, 4)]))
-    session.fits.last = fake_record("r-9", steps={0: 4, 1: 4})
+    session.last_record = fake_record("r-9", steps={0: 4, 1: 4})
     summary = shown.finish()
     assert isinstance(summary, RunSummary) and summary.record.run_id == "r-9"
     assert "run-9 done" in capsys.readouterr().out
@@ -367,7 +383,7 @@ def test_run_display_shows_the_live_view_in_a_widget_frontend(monkeypatch):
     monkeypatch.setattr(_frontend, "widgets_available", lambda shell: True)
     shown_objects = []
     bus = EventBus()
-    session = SimpleNamespace(events=bus, fits=SimpleNamespace(last=fake_record("older")))
+    session = SimpleNamespace(events=bus, last_record=fake_record("older"))
     shown = RunDisplay(session, None, widget=True, show=shown_objects.append)
     shown.start(SimpleNamespace(run_id="r-2", world_size=2, total_steps=None), "run-2")
     assert shown_objects == [shown.view] and isinstance(shown.view, RunView)
@@ -480,7 +496,7 @@ for i in range({calls}):
 
 @pytest.mark.cluster
 def test_cluster_widget_plus_and_minus_scale_the_real_cluster(two_engines):
-    panel = two_engines.cluster_view(widget=True)
+    panel = cluster_view(two_engines, widget=True)
     try:
         assert panel.count.value == 2 and panel.table.value.count("<tr>") == 3
         panel.plus.click()
@@ -493,14 +509,14 @@ def test_cluster_widget_plus_and_minus_scale_the_real_cluster(two_engines):
         panel.minus.click()
         assert panel.wait(120) and panel.error is None
         assert two_engines.cluster.size == 2 and panel.count.value == 2
-        assert "2 engine(s)" in repr(two_engines.status())
+        assert "2 engine(s)" in repr(ClusterStatus.of(two_engines.status()))
     finally:
         panel.close()
 
 
 @pytest.mark.cluster
 def test_cluster_widget_says_why_an_invalid_scale_is_refused(two_engines, monkeypatch):
-    panel = two_engines.cluster_view(widget=True)
+    panel = cluster_view(two_engines, widget=True)
     ids = two_engines.cluster.engine_ids()
     try:
         panel.count.value = 0                                       # typed into the number box
@@ -518,7 +534,7 @@ def test_cluster_widget_says_why_an_invalid_scale_is_refused(two_engines, monkey
 
 @pytest.mark.cluster
 def test_cluster_widget_restart_stop_and_start_buttons(two_engines):
-    panel = two_engines.cluster_view(widget=True)
+    panel = cluster_view(two_engines, widget=True)
     try:
         before = two_engines.cluster.engine_ids()
         panel.restart_button.click()
@@ -541,10 +557,8 @@ def test_cluster_widget_restart_stop_and_start_buttons(two_engines):
 
 @pytest.mark.cluster
 def test_cluster_widget_follows_cluster_events_and_text_elsewhere(two_engines, shell):
-    from phalanx.widgets._cluster_table import ClusterStatus
-
-    assert isinstance(two_engines.cluster_view(), ClusterStatus)    # a terminal shell: the table
-    panel = two_engines.cluster_view(widget=True)
+    assert isinstance(cluster_view(two_engines), ClusterStatus)    # a terminal shell: the table
+    panel = cluster_view(two_engines, widget=True)
     try:
         two_engines.scale(3)                                        # changed from elsewhere
         assert panel.count.value == 3 and panel.table.value.count("<tr>") == 4

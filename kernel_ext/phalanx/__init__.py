@@ -67,8 +67,11 @@ def manifest() -> Any:
 
 
 def cluster_widget() -> Any:
-    """A widget showing the cluster with buttons to scale, stop and restart it."""
-    return get_session().cluster_view()
+    """A widget showing the cluster with buttons to scale, stop and restart it (the engine table
+    where no widget can be drawn)."""
+    from .widgets import cluster_view
+
+    return cluster_view(get_session())
 
 
 def data_parallel(**options: Any) -> Any:

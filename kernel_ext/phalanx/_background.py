@@ -120,7 +120,7 @@ def run_in_background(session: Any, fit: Callable[[Callable], Any], returns: tup
             record = fit(on_start)
         except BaseException as exc:  # reported like a foreground run's error, on the handle too
             error = exc
-            last = session.fits.last
+            last = session.last_record
             if handle.run_id is not None and last is not None and last.run_id == handle.run_id:
                 record = last  # a failed run keeps its record (history, steps, changes)
         handle._ended(record, error)

@@ -112,10 +112,9 @@ class LabComm:
         from ._pump import shell_pump
 
         kernel = getattr(getattr(self._session, "shell", None), "kernel", None)
-        control = getattr(getattr(self._session, "fits", None), "control", None)
         pump = shell_pump(kernel)
-        if pump is not None and control is not None:
-            control.message_pump = pump
+        if pump is not None:  # a kernel without subshells: runs answer the panel at each poll
+            self._session.serve_messages_during_runs(pump)
 
     def close(self) -> None:
         """Unregister, close every panel comm and stop the timer (``%unload_ext``)."""
@@ -143,8 +142,10 @@ class LabComm:
         # A panel opened before `%load_ext phalanx` tried to attach and was refused.  A short-
         # lived kernel-opened comm tells it the target exists now; the panel then opens its own
         # comm, because a kernel-opened one would be closed by any client lacking the target.
+        create_comm = self._create_comm
+        assert create_comm is not None, "register() sets it before announcing"
         try:
-            self._create_comm(target_name=COMM_TARGET, data={}).close()
+            create_comm(target_name=COMM_TARGET, data={}).close()
         except Exception:  # no frontend protocol (plain IPython): nobody to tell
             log.debug("phalanx: could not announce the lab comm target", exc_info=True)
 

@@ -1,7 +1,8 @@
 """``%cluster`` and ``%%distributed_fit``: parse arguments, call the session, show the result.
 
 The magics hold no logic of their own; every verb is a :class:`~phalanx._session.Session`
-method that works the same from Python.
+method that works the same from Python.  The session answers with plain data; what is shown
+(the engine table, the run's views) comes from :mod:`phalanx.widgets`.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import sys
 from typing import Any
 
 from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
@@ -30,13 +32,26 @@ def _display(obj: Any, metadata: dict | None = None) -> None:
     display(obj, metadata=metadata) if metadata else display(obj)
 
 
+def _table(status: Any) -> Any:
+    """The engine table of ``status`` (an :class:`~phalanx._session.EngineStatus`)."""
+    from .widgets._cluster_table import ClusterStatus  # UI at the edge: loaded when shown
+
+    return ClusterStatus.of(status)
+
+
 @magics_class
 class PhalanxMagics(Magics):
     """The phalanx magics, bound to this kernel's session."""
 
     @property
+    def ipython(self) -> InteractiveShell:
+        """The shell these magics are registered on (``Magics`` types it as optional)."""
+        assert self.shell is not None, "the magics run on the shell that registered them"
+        return self.shell
+
+    @property
     def session(self) -> Any:
-        return session_for_shell(self.shell)
+        return session_for_shell(self.ipython)
 
     @magic_arguments()
     @argument("action", nargs="?", default=None,
@@ -72,24 +87,28 @@ class PhalanxMagics(Magics):
 
     def _cluster_action(self, action: str | None, args: Any) -> None:
         session = self.session
-        if action in (None, "status"):
-            _display(session.cluster_view() if action is None else session.status())
+        if action is None:
+            from .widgets import cluster_view  # UI at the edge: loaded when shown
+
+            _display(cluster_view(session))
+        elif action == "status":
+            _display(_table(session.status()))
         elif action == "start":
-            if session.cluster.running:
-                print(f"a cluster is already running with {session.cluster.size} engine(s); "
+            if session.running:
+                print(f"a cluster is already running with {session.size} engine(s); "
                       "use %cluster scale N to resize it or %cluster stop first")
-                _display(session.status())
+                _display(_table(session.status()))
                 return
             options = LaunchOptions(ip=args.ip, hosts=args.hosts, submit_args=args.submit_args,
                                     encrypt=not args.no_encryption, profile=args.profile)
-            _display(session.start_cluster(n=args.n, gpus=args.gpus, launcher=args.launcher,
-                                           profile=args.profile, timeout=args.timeout,
-                                           options=options))
+            _display(_table(session.start_cluster(n=args.n, gpus=args.gpus, launcher=args.launcher,
+                                                  profile=args.profile, timeout=args.timeout,
+                                                  options=options)))
         elif action == "scale":
-            _display(session.scale(_whole_number(args.value, "%cluster scale N")))
+            _display(_table(session.scale(_whole_number(args.value, "%cluster scale N"))))
         elif action == "restart":
             rank = None if args.value is None else _whole_number(args.value, "%cluster restart RANK", 0)
-            _display(session.restart(rank))
+            _display(_table(session.restart(rank)))
         elif action == "stop":
             print("cluster stopped" if session.stop_cluster() else "no cluster is running")
 
@@ -145,11 +164,11 @@ class PhalanxMagics(Magics):
                 from ._background import report_end, run_in_background
 
                 return run_in_background(self.session, lambda started: self._fit(cell, opts, started),
-                                         opts.returns, self.shell.user_ns,
-                                         lambda handle: report_end(self.shell, handle))
+                                         opts.returns, self.ipython.user_ns,
+                                         lambda handle: report_end(self.ipython, handle))
             self._fit(cell, opts)
         except DistributedFitError as exc:
-            if not (exc.status == "interrupted" and self.session.fits.control.stopped_by):
+            if not (exc.status == "interrupted" and self.session.stop_reason):
                 raise
             # Stopped on request (Stop run): said in the cell, but not a failed cell, which
             # would make Jupyter abort the next cell the person runs right after.
@@ -161,7 +180,7 @@ class PhalanxMagics(Magics):
     def _fit(self, cell: str, opts: FitOptions, started: Any = None) -> Any:
         from .widgets import RunDisplay  # bokeh and ipywidgets: loaded on the first run, not at %load_ext
 
-        shown = RunDisplay(self.session, self.shell, widget=opts.widget)
+        shown = RunDisplay(self.session, self.ipython, widget=opts.widget)
 
         def on_start(tracker: Any, name: str) -> None:
             shown.start(tracker, name)
@@ -169,7 +188,7 @@ class PhalanxMagics(Magics):
                 started(tracker, name)
 
         try:
-            record = self.session.distributed_fit(cell, opts, self.shell.user_ns, on_start=on_start)
+            record = self.session.distributed_fit(cell, opts, self.ipython.user_ns, on_start=on_start)
         finally:  # a failed or interrupted run keeps its summary too
             summary = shown.finish()
             if summary is not None:
@@ -182,7 +201,7 @@ class PhalanxMagics(Magics):
         if args.target is None:
             raise UsageError("%distributed_fit NODE fits a learning network on the cluster; "
                              "use %%distributed_fit (two %) for a training cell")
-        node = self.shell.user_ns.get(args.target)
+        node = self.ipython.user_ns.get(args.target)
         if node is None or not hasattr(node, "fit"):
             raise UsageError(f"{args.target!r} is not a learning-network node in the notebook")
         try:
@@ -202,5 +221,13 @@ def _whole_number(value: str | None, usage: str, minimum: int = 1) -> int:
 
 
 def register(ipython: Any) -> None:
-    """Register the magics on ``ipython`` (``%load_ext phalanx``)."""
+    """Register the magics on ``ipython`` (``%load_ext phalanx``), and show the session's
+    :class:`~phalanx._session.EngineStatus` answers as the engine table there, so
+    ``session.status()`` at the end of a cell looks like ``%cluster status``."""
     ipython.register_magics(PhalanxMagics)
+    formatters = getattr(getattr(ipython, "display_formatter", None), "formatters", {})
+    if "text/html" in formatters and "text/plain" in formatters:
+        formatters["text/html"].for_type_by_name("phalanx._session", "EngineStatus",
+                                                 lambda status: _table(status)._repr_html_())
+        formatters["text/plain"].for_type_by_name(
+            "phalanx._session", "EngineStatus", lambda status, printer, cycle: printer.text(repr(_table(status))))

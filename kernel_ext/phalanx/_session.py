@@ -1,8 +1,10 @@
 """One session per kernel: it owns the cluster, the runs and the event bus.
 
 Magics, widgets and the lab comm only call the session; the session calls the cluster layer and
-the fit runner.  The session lives on the IPython shell object (no module-level singleton), so
-two kernels never share one and a fresh kernel starts clean.
+the fit runner.  It holds no views: its verbs return plain data (:class:`EngineStatus`, run
+records, rows) and the views in :mod:`phalanx.widgets` and the magics render them.  The session
+lives on the IPython shell object (no module-level singleton), so two kernels never share one
+and a fresh kernel starts clean.
 
 Example::
 
@@ -19,16 +21,14 @@ import dataclasses
 import functools
 import logging
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from . import events
 from ._bus import EventBus
+from ._run_history import RunHistoryQueries
 from .cluster import ClusterError, ClusterManager, LaunchOptions, memory_mb, visible_gpus
 from .cluster._memory import add_engine_figures
 from .fit import FitOptions, FitRunner, FitUsageError, RunRecord
-
-if TYPE_CHECKING:
-    from .widgets._cluster_table import ClusterStatus
 
 log = logging.getLogger("phalanx")
 
@@ -45,7 +45,23 @@ def _serialised(verb: Callable) -> Callable:
     return wrapper
 
 
-class Session:
+@dataclasses.dataclass(frozen=True)
+class EngineStatus:
+    """The engines now: one row per rank (rank, engine id, host, pid, device, state, memory,
+    step of the current run) and the launcher that started them; no rows when no cluster runs.
+
+    Plain data: ``%cluster status`` and the cluster widget render it
+    (:class:`phalanx.widgets.ClusterStatus`).
+    """
+
+    rows: list[dict]
+    launcher: str
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+class Session(RunHistoryQueries):
     """The kernel's phalanx state: cluster, runs, networks and the event bus."""
 
     def __init__(self, shell: Any = None, device_lister: Any = visible_gpus) -> None:
@@ -56,16 +72,51 @@ class Session:
         self.fits = FitRunner(self.cluster, self.events.emit)
         self._profile_next: int | None = None  # the panel's Profile button, for the next run
 
-    # --- cluster verbs (the magic and the widgets call these) ---------------------------------
+    # --- what the views ask -------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        """Whether a cluster is running."""
+        return self.cluster.running
+
+    @property
+    def size(self) -> int:
+        """How many engines the cluster has (0 when none runs)."""
+        return self.cluster.size if self.cluster.running else 0
+
+    @property
+    def launcher(self) -> str:
+        """The launcher that started the cluster (or the last one used): ``local``, ``ssh``..."""
+        return self.cluster.launcher
 
     @property
     def max_engines(self) -> int:
+        """The most engines this cluster may have."""
         return self.cluster.max_engines
+
+    @property
+    def last_record(self) -> RunRecord | None:
+        """The record of the last ``%%distributed_fit`` run, None before the first one
+        (:meth:`last_run` raises instead)."""
+        return self.fits.last
+
+    @property
+    def stop_reason(self) -> str | None:
+        """Why the last run was stopped on request (the Stop button, :meth:`stop_run`); None
+        when it was not."""
+        return self.fits.control.stopped_by
+
+    def serve_messages_during_runs(self, pump: Callable[[], None]) -> None:
+        """Call ``pump`` at every poll of a run's wait loop: a kernel without subshells answers
+        the panel's and the widgets' messages there while a cell runs (:mod:`phalanx._pump`)."""
+        self.fits.control.message_pump = pump
+
+    # --- cluster verbs (the magic and the widgets call these) ---------------------------------
 
     @_serialised
     def start_cluster(self, n: int | None = None, gpus: str = "auto", launcher: str = "local",
                       profile: str | None = None, timeout: float = 60.0,
-                      options: LaunchOptions | None = None) -> ClusterStatus:
+                      options: LaunchOptions | None = None) -> EngineStatus:
         """Start a cluster (``%cluster start``) and return its status."""
         with self._changing():
             self.cluster.start(n=n, gpus=gpus, launcher=launcher, profile=profile, timeout=timeout,
@@ -73,7 +124,7 @@ class Session:
         return self.status()
 
     @_serialised
-    def scale(self, n: int, queue: bool = False) -> ClusterStatus:
+    def scale(self, n: int, queue: bool = False) -> EngineStatus:
         """Grow or shrink to ``n`` engines (``%cluster scale N``).
 
         While a run with ``--checkpoint-every`` goes, the run itself changes size at its next
@@ -99,7 +150,7 @@ class Session:
         return self.status()
 
     @_serialised
-    def restart(self, rank: int | None = None) -> ClusterStatus:
+    def restart(self, rank: int | None = None) -> EngineStatus:
         """Restart one rank or every engine (``%cluster restart [RANK]``)."""
         self._refuse_during_run("restart engines")
         self._stop_dask()
@@ -119,9 +170,10 @@ class Session:
         self.fits.release_listeners()
         return stopped
 
-    def status(self) -> ClusterStatus:
+    def status(self) -> EngineStatus:
+        """The engines now (``%cluster status``); during a run, with its steps and the engines'
+        own memory figures."""
         from .cluster._memory import fill_engine_memory, merge_samples
-        from .widgets._cluster_table import ClusterStatus  # UI at the edge: loaded when asked
 
         active = self.fits.active
         rows = self.cluster.status(active.steps if active is not None else None) if self.cluster.running else []
@@ -129,23 +181,7 @@ class Session:
             merge_samples(rows, active.memory.latest())
         elif rows:  # GPU and remote engines: only they know their figures
             fill_engine_memory(self.cluster.client, rows)
-        return ClusterStatus(rows, self.cluster.launcher)
-
-    def cluster_view(self, widget: bool | None = None) -> Any:
-        """What ``%cluster`` with no arguments shows: the cluster widget in Jupyter, else the table.
-
-        ``widget=None`` decides by the frontend (a terminal cannot draw widgets).
-
-        Example::
-
-            panel = session.cluster_view(widget=True)
-            panel.plus.click()          # scales through session.scale, like %cluster scale
-        """
-        from .widgets import ClusterWidget, widgets_available  # UI at the edge: loaded when asked
-
-        if widget is None:
-            widget = widgets_available(self.shell)
-        return ClusterWidget(self) if widget else self.status()
+        return EngineStatus(rows, self.cluster.launcher)
 
     def stop_run(self, reason: str = "stop requested") -> bool:
         """Stop the running run at its next poll (any thread); False when none runs."""
@@ -224,64 +260,10 @@ class Session:
         return record
 
     def last_run(self) -> RunRecord:
+        """The record of the last ``%%distributed_fit`` run (``phalanx.last_run()``)."""
         if self.fits.last is None:
             raise FitUsageError("no %%distributed_fit run yet in this kernel")
         return self.fits.last
-
-    def run_history_rows(self) -> list[dict]:
-        """Metric rows of the current (or last) run, in the events' wire form, downsampled to a
-        few thousand points per line (min/max-preserving): what a reloaded panel draws."""
-        digest = self._run_digest()
-        return digest.wire_rows() if digest is not None else []
-
-    def _run_digest(self) -> Any:
-        tracker = self.fits.active
-        if tracker is not None:
-            return tracker.digest
-        if self.fits.last is None:
-            return None
-        self.fits.last.curves()  # builds the digest of a record that has none
-        return self.fits.last.digest
-
-    def _run_history(self) -> Any:
-        tracker = self.fits.active
-        record = self.fits.last
-        return tracker.history if tracker is not None else (record.history if record else None)
-
-    def run_history_means(self) -> dict[str, list]:
-        """The mean over ranks of each metric of the current (or last) run, downsampled like
-        :meth:`run_history_rows`: ``{metric: [[step, mean], ...]}``."""
-        digest = self._run_digest()
-        return digest.mean_points() if digest is not None else {}
-
-    def run_history_window_means(self, steps: tuple[float, float],
-                                 max_points: int | None = None) -> dict[str, list]:
-        """The mean over ranks of each metric inside a step window, at full resolution up to
-        ``max_points`` (a zoomed chart): ``{metric: [[step, mean], ...]}``."""
-        from .fit._digest import MEAN, window_points
-
-        history = self._run_history()
-        if history is None:
-            return {}
-        out = {}
-        for name in history.metric_names():
-            xs, ys = window_points(history, name, MEAN, *steps, max_points=max_points)
-            out[name] = [[int(x), y] for x, y in zip(xs.tolist(), ys.tolist())]
-        return out
-
-    def run_history_window(self, steps: tuple | None = None, times: tuple | None = None,
-                           rank: int | None = None, max_points: int | None = None) -> list[dict]:
-        """Rows of the current (or last) run inside a step or time window, at full resolution
-        up to ``max_points`` per line (a zoomed chart), in the events' wire form.
-
-        Example: ``session.run_history_window(steps=(1000, 1200), rank=0)``
-        """
-        from .fit._digest import window_rows
-
-        history = self._run_history()
-        if history is None:
-            return []
-        return window_rows(history, steps, times, rank, max_points)
 
     # --- learning networks ---------------------------------------------------------------------
 

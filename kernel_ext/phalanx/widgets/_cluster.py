@@ -1,6 +1,7 @@
 """The cluster widget: engines, +/- and a number box to scale, start, restart, stop.
 
-What ``%cluster`` with no arguments and ``phalanx.cluster_widget()`` show in Jupyter.  Every
+What ``%cluster`` with no arguments and ``phalanx.cluster_widget()`` show in Jupyter
+(:func:`cluster_view`; the engine table where no widget can be drawn).  Every
 button calls the same :class:`~phalanx._session.Session` verb as the magic (``scale``,
 ``restart``, ``stop_cluster``, ``start_cluster``), so the widget can do nothing the magic cannot
 and says no for the same reasons: a refused change (an invalid count, above the limit, during a
@@ -33,6 +34,23 @@ log = logging.getLogger("phalanx")
 TABLE_INTERVAL_S = 0.5  # progress events come at ~10/s; steps in a table need not
 
 
+def cluster_view(session: Any, widget: bool | None = None) -> Any:
+    """What ``%cluster`` with no arguments shows: the cluster widget in Jupyter, else the table.
+
+    ``widget=None`` decides by the frontend (a terminal cannot draw widgets).
+
+    Example::
+
+        panel = cluster_view(session, widget=True)
+        panel.plus.click()          # scales through session.scale, like %cluster scale
+    """
+    from ._frontend import widgets_available
+
+    if widget is None:
+        widget = widgets_available(session.shell)
+    return ClusterWidget(session) if widget else ClusterStatus.of(session.status())
+
+
 class ClusterWidget:
     """Live engine table and controls bound to one session."""
 
@@ -43,7 +61,7 @@ class ClusterWidget:
         small = w.Layout(width="2.6em")
         self.minus = w.Button(description="−", tooltip="one engine less (%cluster scale N-1)",
                               layout=small)
-        self.count = w.IntText(value=max(session.cluster.size, 1), layout=w.Layout(width="5em"),
+        self.count = w.IntText(value=max(session.size, 1), layout=w.Layout(width="5em"),
                                tooltip="engines: type a count and press Enter to scale to it")
         self.plus = w.Button(description="+", tooltip="one engine more (%cluster scale N+1)", layout=small)
         self.start_button = w.Button(description="start", icon="play", tooltip="%cluster start -n N")
@@ -59,7 +77,7 @@ class ClusterWidget:
         self._done: str | None = None    # what the last change did, and how long it took
         self._notice: str | None = None  # what a change asked for during a run waits for
         self._changing = False           # a change made elsewhere (%cluster, the lab panel) goes
-        self._engines: list[dict] = list(session.status().rows) if session.cluster.running else []
+        self._engines: list[dict] = list(session.status().rows) if session.running else []
         self._max = session.max_engines
         self._steps: dict[int, int] = {}
         self._running = 0
@@ -152,7 +170,7 @@ class ClusterWidget:
         return len(self._engines)
 
     def _count_changed(self, change: Mapping[str, Any]) -> None:
-        if self._syncing or not self.session.cluster.running:
+        if self._syncing or not self.session.running:
             return  # set by the widget itself, or a count for the start button
         self.scale(int(change["new"]))
 
@@ -186,7 +204,7 @@ class ClusterWidget:
             self._render()
 
     def _current_engines(self, label: str) -> list[dict] | None:
-        if not self.session.cluster.running:
+        if not self.session.running:
             return []
         try:
             return list(self.session.status().rows)
@@ -230,5 +248,5 @@ class ClusterWidget:
         # what the widget holds (asking the cluster here could race a change in progress).
         with self._lock:
             rows = merge_rows(self._engines, self._steps, self._running, local_memory_mb, self._memory)
-        bundle["text/plain"] = repr(ClusterStatus(rows, self.session.cluster.launcher))
+        bundle["text/plain"] = repr(ClusterStatus(rows, self.session.launcher))
         return bundle

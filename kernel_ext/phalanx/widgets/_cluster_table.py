@@ -1,5 +1,8 @@
 """The engine table of the cluster widget and of ``%cluster status`` (pure: rows in, HTML out).
 
+The session answers with plain data (:class:`~phalanx._session.EngineStatus`); this module is
+where it becomes a table.
+
 Rows come from ``cluster`` events (rank, engine id, host, pid, device, state); the widget adds
 the step of the current run (from ``progress`` events) and resident memory of local engines.
 
@@ -14,7 +17,10 @@ Example::
 from __future__ import annotations
 
 import html
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+if TYPE_CHECKING:
+    from .._session import EngineStatus
 
 COLUMNS = ("rank", "host", "device", "state", "memory_mb", "step")
 HEADINGS = {"memory_mb": "memory (MB)", "gpu_memory": "GPU memory (alloc / reserved, peak)"}
@@ -29,6 +35,11 @@ class ClusterStatus:
 
     def __init__(self, rows: list[dict], launcher: str) -> None:
         self.rows, self.launcher = rows, launcher
+
+    @classmethod
+    def of(cls, status: EngineStatus) -> ClusterStatus:
+        """The table of what ``session.status()`` (or ``start_cluster``, ``scale``...) answered."""
+        return cls(status.rows, status.launcher)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -86,7 +97,7 @@ def merge_rows(engines: Sequence[Mapping[str, Any]], steps: Mapping[int, int], r
     if samples:
         from ..cluster._memory import merge_samples
 
-        merge_samples(rows, dict(samples))
+        merge_samples(rows, {rank: dict(sample) for rank, sample in samples.items()})
     return rows
 
 

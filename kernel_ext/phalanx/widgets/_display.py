@@ -84,7 +84,7 @@ class RunDisplay:
         return RunSummary(record) if record is not None else None
 
     def _record(self) -> Any:
-        last = getattr(getattr(self.session, "fits", None), "last", None)
+        last = self.session.last_record
         if self.run_id is None or last is None or last.run_id != self.run_id:
             return None  # the run ended before it had a record (e.g. interrupted while sending)
         return last

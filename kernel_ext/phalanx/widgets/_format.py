@@ -13,7 +13,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 DOT = " · "
 MAX_METRICS = 4  # more than a few numbers on one line stops being readable
@@ -167,7 +167,7 @@ def bar_range(ranks: Iterable[Mapping[str, Any]]) -> int:
     return max([int(r["step"]) for r in ranks] + [1])
 
 
-def overall(ranks: list[Mapping[str, Any]]) -> dict[str, Any]:
+def overall(ranks: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Run-wide figures: slowest rank's step, total, mean rate, worst ETA, stragglers.
 
     Example::
@@ -186,7 +186,7 @@ def overall(ranks: list[Mapping[str, Any]]) -> dict[str, Any]:
             "stragglers": [r["rank"] for r in ranks if r.get("straggler")]}
 
 
-def progress_line(name: str, ranks: list[Mapping[str, Any]], elapsed_s: float,
+def progress_line(name: str, ranks: Sequence[Mapping[str, Any]], elapsed_s: float,
                   status: str = "running") -> str:
     """The single line of the text progress (``--no-widget`` and terminals).
 

@@ -19,7 +19,7 @@ Example::
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Hashable
+from typing import Any, Callable, Hashable, Literal, cast
 
 import numpy as np
 
@@ -58,8 +58,8 @@ class Line:
         self.markers: list[Any] = []
         self.renderers: list[list[Any]] = [[] for _ in figures]  # per figure, for its legend
         self.legend_items: list[Any] = []                           # set by the panel
-        self._style = {"line_color": colour, "line_width": width, "line_alpha": alpha,
-                       "line_dash": dash}
+        self._style: dict[str, Any] = {"line_color": colour, "line_width": width,
+                                       "line_alpha": alpha, "line_dash": dash}
         self._m4 = M4Stream(max_points or MAX_POINTS, columns=2)
         self._drawn = 0  # points in the source
         self.source = self._build(figures)
@@ -120,8 +120,9 @@ class Line:
         return [float(v) for v in self.source.data["y"]]
 
     def _build(self, figures: list) -> Any:
-        from bokeh.models import ColumnDataSource, GlyphRenderer, Scatter
+        from bokeh.models import ColumnDataSource, Scatter
         from bokeh.models import Line as LineGlyph
+        from bokeh.models.renderers import GlyphRenderer  # where bokeh's type stubs declare it
 
         source = ColumnDataSource(data={"x": np.zeros(0), "y": np.zeros(0)})
         colour, alpha = self._style["line_color"], self._style["line_alpha"]
@@ -139,7 +140,8 @@ class MetricPanel:
     """One metric's tab content: a linear and a log-scale figure, a line per rank and the mean."""
 
     def __init__(self, world_size: int, name: str = "") -> None:
-        from bokeh.models import Legend, LegendItem, TabPanel, Tabs
+        from bokeh.models import TabPanel, Tabs
+        from bokeh.models.annotations import Legend, LegendItem
 
         self.figures = [_figure(name, "linear")]
         self.figures.append(_figure(name, "log", x_range=self.figures[0].x_range))
@@ -161,7 +163,7 @@ class MetricPanel:
     def add_rank(self, rank: int) -> "Line":
         """A line for a rank the run gained (an elastic run that grew), in the legend before the
         mean's entry."""
-        from bokeh.models import LegendItem
+        from bokeh.models.annotations import LegendItem
 
         line = self.lines[rank] = Line(self.figures, rank_colour(rank))
         if rank < LEGEND_MAX_RANKS:
@@ -182,7 +184,7 @@ class MetricPanel:
                 tool.tooltips = [("step", "@x"), (name, "@y")]
 
 
-def _figure(name: str, scale: str, x_range: Any = None) -> Any:
+def _figure(name: str, scale: Literal["linear", "log"], x_range: Any = None) -> Any:
     from bokeh.models import HoverTool
     from bokeh.plotting import figure
 
@@ -205,7 +207,8 @@ class LivePlot:
 
     def __init__(self, world_size: int) -> None:
         from bokeh.layouts import column
-        from bokeh.models import Div, TabPanel, Tabs
+        from bokeh.models import TabPanel, Tabs
+        from bokeh.models.widgets import Div
 
         from ._bokeh import BatchedBokehModel
 
@@ -232,8 +235,9 @@ class LivePlot:
                     for name, lines in points.items():
                         for key in lines:
                             if (name, key) not in self.lines:  # a rank an elastic run gained
-                                self.world_size = max(self.world_size, int(key) + 1)
-                                self.lines[(name, key)] = self.panels[name].add_rank(int(key))
+                                rank = int(cast(int, key))  # the mean's line exists already
+                                self.world_size = max(self.world_size, rank + 1)
+                                self.lines[(name, key)] = self.panels[name].add_rank(rank)
             with self.model.batched():
                 self._stream(points)
 
@@ -265,7 +269,9 @@ class LivePlot:
         if self._first is not None:
             panel, self._first = self._first, None
             panel.rename(name)
-            self.tabs.tabs[0].title = name
+            first_tab = self.tabs.tabs[0]
+            assert isinstance(first_tab, TabPanel)  # the plot builds its tabs as TabPanels
+            first_tab.title = name
             self.tabs.visible, self._waiting.visible = True, False
         else:
             panel = MetricPanel(self.world_size, name)
