@@ -65,10 +65,9 @@ def test_out_of_memory_is_said_only_with_the_signs():
     log = "[12.3] Out of memory: Killed process 4242 (python) total-vm:..."
     assert "OOM killer" in oom_hint(kill, 4242, 100.0, kernel_log=log)
     assert "OOM killer" not in oom_hint(kill, 424, 100.0, kernel_log=log)
-    text = cuda_oom_text({"error": "OutOfMemoryError",
-                          "memory": {"cuda_allocated_mb": 7168.0, "cuda_total_mb": 8192.0}})
+    text = cuda_oom_text("OutOfMemoryError", {"cuda_allocated_mb": 7168.0, "cuda_total_mb": 8192.0})
     assert text == "it ran out of GPU memory (torch.OutOfMemoryError): allocated 7.00 GiB, of 8.00 GiB"
-    assert cuda_oom_text({"error": "ValueError"}) is None
+    assert cuda_oom_text("ValueError", None) is None
 
 
 @pytest.mark.cluster

@@ -240,7 +240,7 @@ def _slow_reply_on(session, rank: int, seconds: float):
         original = getattr(kernel.serialize_object, "original", kernel.serialize_object)
 
         def serialize_object(obj, *args, **kwargs):
-            if isinstance(obj, dict) and obj.get("ok") is False:
+            if type(obj).__name__ == "RankResult" and obj.failed:
                 time.sleep(seconds)
             return original(obj, *args, **kwargs)
 

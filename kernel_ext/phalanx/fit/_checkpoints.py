@@ -9,7 +9,7 @@ rank's memory by broadcast (a rank whose engine was replaced has neither).
 Example::
 
     >>> plan_resume([{"memory": [10, 15], "disk": []}, {"memory": [], "disk": [10]}])
-    {'step': 15, 'sources': ['memory', 'peer'], 'src': 0}
+    ResumePlan(step=15, sources=('memory', 'peer'), src=0)
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass
+from typing import Mapping
 
+from ..runtime import RankResult, ResumePlan
 from ._options import FitUsageError
 
 LINEAGE_FILE = "lineage.json"
@@ -27,11 +29,11 @@ class CheckpointWarning(UserWarning):
     """Checkpointing was asked for but could not happen as asked."""
 
 
-def warn_if_unused(lineage: "Lineage | None", results: dict) -> None:
+def warn_if_unused(lineage: "Lineage | None", results: Mapping[int, RankResult]) -> None:
     """--checkpoint-every on a loop that does not go through phalanx.steps() commits nothing."""
     import warnings
 
-    if lineage is not None and results and not any(r.get("steps_loop") for r in results.values()):
+    if lineage is not None and results and not any(r.steps_loop for r in results.values()):
         warnings.warn("--checkpoint-every committed nothing: write the loop as "
                       "`for step in steps(N):` (from phalanx.runtime import steps) so phalanx "
                       "knows where iterations end", CheckpointWarning, stacklevel=3)
@@ -85,7 +87,7 @@ def choose_lineage(opts, last: Lineage | None, new_key: str, world_size: int) ->
     return None
 
 
-def plan_resume(held: list[dict]) -> dict | None:
+def plan_resume(held: list[dict]) -> ResumePlan | None:
     """The newest step every rank can load, and from where; ``None`` when there is none.
 
     ``held[r]`` is ``{"memory": [steps], "disk": [steps]}`` as rank ``r`` reported it.
@@ -97,8 +99,8 @@ def plan_resume(held: list[dict]) -> dict | None:
             src = next((r for r, h in enumerate(held) if step in h["memory"]), None)
             if src is None:
                 src = next(r for r, h in enumerate(held) if step in h["disk"])
-            return {"step": step, "sources": sources, "src": src}
-        return {"step": step, "sources": sources, "src": None}
+            return ResumePlan(step, tuple(sources), src)
+        return ResumePlan(step, tuple(sources))
     return None
 
 

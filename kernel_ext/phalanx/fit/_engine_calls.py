@@ -16,7 +16,7 @@ Example::
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from ._errors import engine_fault
 
@@ -75,7 +75,8 @@ def call_each(cluster: Any, slots: list, fn: Callable, *args: Any, what: str,
     return results
 
 
-def fault_of(cluster: Any, slots: list, failures: dict[int, BaseException], what: str) -> Exception:
+def fault_of(cluster: Any, slots: list, failures: Mapping[int, BaseException],
+             what: str) -> Exception:
     """The one error for calls that failed on ``failures`` (rank -> exception)."""
     gone = [r for r in failures if not alive(cluster, slots[r])]
     rank = (gone or sorted(failures))[0]

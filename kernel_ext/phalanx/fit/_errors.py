@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
+from ..runtime import Outcome, RankResult
 from ._memory import cuda_oom_text, host_signs, oom_hint
 
+# The names the kernel gives the faults of ranks that could not report their own (the error of
+# their RankResult, shown in messages and to programs reading DistributedFitError.results).
+ENGINE_DIED = "EngineDied"
+STALLED = "Stalled"
+UNRESPONSIVE = "Unresponsive"
+CONTROLLER_DIED = "ControllerDied"
 # Errors a rank raises because *another* rank failed: reported only when nothing else explains it.
-SECONDARY = ("CollectiveAborted", "PeerDied", "CollectiveTimeout", "CollectiveError", "Unresponsive",
+SECONDARY = ("CollectiveAborted", "PeerDied", "CollectiveTimeout", "CollectiveError", UNRESPONSIVE,
              "DistBackendError", "DistNetworkError", "DistError")
 
 
@@ -16,12 +23,13 @@ class DistributedFitError(RuntimeError):
     """A run that did not complete; the message names the rank at fault and what happened.
 
     IPython shows only the message (``_render_traceback_``): the remote traceback is already in
-    it, and phalanx's own frames would only hide it.  ``results`` holds every rank's outcome
-    (error type, step, when it stopped) for programs that want more than the text.
+    it, and phalanx's own frames would only hide it.  ``results`` holds every rank's
+    :class:`~phalanx.runtime.RankResult` (outcome, error type, step, when it stopped) for
+    programs that want more than the text.
     """
 
     def __init__(self, message: str, status: str, rank: int | None = None,
-                 results: Mapping[int, dict] | None = None) -> None:
+                 results: Mapping[int, RankResult] | None = None) -> None:
         super().__init__(message)
         self.detected_at = time.time()  # wall clock: when the kernel knew (before any display)
         self.status = status
@@ -36,41 +44,42 @@ class VersionSkewError(RuntimeError):
     """Engines run other versions of key packages than the kernel."""
 
 
-def describe_failure(rank: int, result: dict, slot: Any) -> str:
+def describe_failure(rank: int, result: RankResult, slot: Any) -> str:
     """One paragraph for one failed rank."""
     where = f"rank {rank} (engine {slot.engine_id} on host {slot.host}, pid {slot.pid})"
-    steps = result.get("steps", 0)
-    if result.get("stalled"):
+    steps = result.steps
+    if result.stalled:
         return _describe_stall(where, rank, result)
-    if result.get("error") == "EngineDied":
-        code = result.get("exit_code")
+    if result.outcome is Outcome.DIED:
+        code = result.exit_code
         hint = _death_hint(result, slot)
         return (f"{where} died during the run after step {steps}"
                 + (f" ({hint})" if hint else f" (exit code {code})" if code is not None else "")
                 + f". Bring it back with %cluster restart {rank}.")
-    if result.get("error") == "Unresponsive":
+    if result.outcome is Outcome.UNRESPONSIVE:
+        grace = result.grace_s if result.grace_s is not None else 10
         text = (f"{where} stopped answering: it did not come back within "
-                f"{result.get('grace_s', 10):g} s of an interrupt (stuck in native code?), so ")
-        if result.get("restart_error"):
+                f"{grace:g} s of an interrupt (stuck in native code?), so ")
+        if result.restart_error:
             return text + (f"phalanx tried to restart its engine, which failed: "
-                           f"{result['restart_error']}. Its last reported step was {steps}; bring "
+                           f"{result.restart_error}. Its last reported step was {steps}; bring "
                            f"it back with %cluster restart {rank}.")
         return text + f"its engine was restarted; its last reported step was {steps}."
-    if result.get("interrupted"):
+    if result.outcome is Outcome.INTERRUPTED:
         return f"{where} was stopped at step {steps}."
-    oom = cuda_oom_text(result)
-    return (f"{where} raised {result.get('error')} after {steps} step(s)"
+    oom = cuda_oom_text(result.error, result.memory)
+    return (f"{where} raised {result.error} after {steps} step(s)"
             + (f"; {oom}" if oom else "") + ":\n" + _indent(result))
 
 
-def _death_hint(result: dict, slot: Any) -> str | None:
+def _death_hint(result: RankResult, slot: Any) -> str | None:
     """Signs of out-of-memory for a dead engine (SIGKILL); the host's signs only where it is ours."""
     import socket
 
-    memory = result.get("memory") or {}
-    killed = oom_hint(result.get("exit_code"), None, None) is not None
+    memory = result.memory or {}
+    killed = oom_hint(result.exit_code, None, None) is not None
     signs = host_signs() if killed and slot.host == socket.gethostname() else {}
-    return oom_hint(result.get("exit_code"), slot.pid, memory.get("rss_mb"), **signs)
+    return oom_hint(result.exit_code, slot.pid, memory.get("rss_mb"), **signs)
 
 
 def cause_of(exc: BaseException) -> str:
@@ -78,8 +87,9 @@ def cause_of(exc: BaseException) -> str:
     elist = getattr(exc, "elist", None)  # CompositeError: the first engine's error
     if elist:
         return f"{elist[0][0]}: {elist[0][1]}"
-    if getattr(exc, "ename", None):
-        return f"{exc.ename}: {getattr(exc, 'evalue', '')}"
+    ename = getattr(exc, "ename", None)  # RemoteError: the engine's exception, by name
+    if ename:
+        return f"{ename}: {getattr(exc, 'evalue', '')}"
     return f"{type(exc).__name__}: {exc}"
 
 
@@ -88,8 +98,9 @@ def engine_fault(rank: int, slot: Any, exc: BaseException, what: str,
     """The run's one error when a call on one rank's engine failed outside the training loop
     (checking versions, shipping data, planning a resume, restarting an engine)."""
     where = f"rank {rank} (engine {slot.engine_id} on host {slot.host}, pid {slot.pid})"
-    result = {"ok": False, "error": "EngineDied" if died else type(exc).__name__,
-              "exit_code": slot.exit_code, "message": cause_of(exc), "ended_at": time.time()}
+    result = RankResult(Outcome.DIED if died else Outcome.RAISED,
+                        error=ENGINE_DIED if died else type(exc).__name__,
+                        exit_code=slot.exit_code, message=cause_of(exc))
     if died:
         code = f" (exit code {slot.exit_code})" if slot.exit_code is not None else ""
         text = (f"{where} died while {what}{code}; nothing ran. Bring it back with "
@@ -99,36 +110,36 @@ def engine_fault(rank: int, slot: Any, exc: BaseException, what: str,
     return DistributedFitError(text, "failed", rank, {rank: result})
 
 
-def _describe_stall(where: str, rank: int, result: dict) -> str:
-    text = (f"{where} stalled: the other ranks waited {result.get('waited_s', 0):g} s "
-            f"(--collective-timeout) for it in a collective; its last step was {result.get('steps', 0)}.")
-    if result.get("stopped"):
+def _describe_stall(where: str, rank: int, result: RankResult) -> str:
+    text = (f"{where} stalled: the other ranks waited {result.waited_s or 0:g} s "
+            f"(--collective-timeout) for it in a collective; its last step was {result.steps}.")
+    if result.stopped:
         return (text + " Its process was stopped (SIGSTOP), which no interrupt reaches and the "
                 f"controller stops tracking, so phalanx ended it: %cluster restart {rank} brings "
                 "it back.")
-    if result.get("error") == "Unresponsive" and result.get("restart_error"):
+    if result.outcome is Outcome.UNRESPONSIVE and result.restart_error:
         return text + (" It did not answer an interrupt either, and restarting its engine "
-                       f"failed: {result['restart_error']}. Bring it back with %cluster restart "
+                       f"failed: {result.restart_error}. Bring it back with %cluster restart "
                        f"{rank}.")
-    if result.get("error") == "Unresponsive":
+    if result.outcome is Outcome.UNRESPONSIVE:
         return text + " It did not answer an interrupt either, so its engine was restarted."
     return text + " It was interrupted here:\n" + _indent(result)
 
 
-def _indent(result: dict) -> str:
-    trace = (result.get("traceback") or f"{result.get('error')}: {result.get('message', '')}").rstrip()
+def _indent(result: RankResult) -> str:
+    trace = (result.traceback or f"{result.error}: {result.message}").rstrip()
     return "\n".join("    " + line for line in trace.splitlines())
 
 
-def root_cause(results: Mapping[int, dict]) -> int | None:
+def root_cause(results: Mapping[int, RankResult]) -> int | None:
     """The rank whose fault ended the run: a dead engine, a rank's own error, a stalled rank."""
-    failed = [r for r, res in sorted(results.items()) if not res.get("ok") and not res.get("resized")]
-    rules = (
-        lambda res: res.get("error") == "EngineDied" and not res.get("stalled"),
-        lambda res: res.get("error") not in SECONDARY and not res.get("interrupted")
-        and not res.get("stalled"),
-        lambda res: bool(res.get("stalled")),
-        lambda res: not res.get("interrupted"),
+    failed = [r for r, res in sorted(results.items()) if res.failed]
+    rules: tuple[Callable[[RankResult], bool], ...] = (
+        lambda res: res.outcome is Outcome.DIED and not res.stalled,
+        lambda res: res.error not in SECONDARY and res.outcome is not Outcome.INTERRUPTED
+        and not res.stalled,
+        lambda res: res.stalled,
+        lambda res: res.outcome is not Outcome.INTERRUPTED,
     )
     for rule in rules:
         for rank in failed:
@@ -137,7 +148,7 @@ def root_cause(results: Mapping[int, dict]) -> int | None:
     return None
 
 
-def failure(status: str, results: Mapping[int, dict], slots: list, opts: Any, wall: float,
+def failure(status: str, results: Mapping[int, RankResult], slots: list, opts: Any, wall: float,
             steps: Mapping[int, int]) -> DistributedFitError:
     """The one error a failed, timed-out or interrupted attempt raises in the cell."""
     listed = ", ".join(f"rank {r}: {steps.get(r, 0)}" for r in range(len(slots)))
@@ -148,9 +159,9 @@ def failure(status: str, results: Mapping[int, dict], slots: list, opts: Any, wa
         return DistributedFitError(f"interrupted after {wall:.1f} s; every rank stopped "
                                    f"(last steps: {listed}); the engines are ready for the next run",
                                    status, None, results)
-    lost = next((res for res in results.values() if res.get("error") == "ControllerDied"), None)
+    lost = next((res for res in results.values() if res.outcome is Outcome.CONTROLLER_LOST), None)
     if lost is not None:
-        info = lost.get("controller", {})
+        info = lost.controller or {}
         return DistributedFitError(
             f"the cluster's controller (pid {info.get('pid')}) exited during the run (exit code "
             f"{info.get('exit_code')}) after {wall:.1f} s; no engine can report without it (last "
@@ -166,7 +177,8 @@ def failure(status: str, results: Mapping[int, dict], slots: list, opts: Any, wa
         text += (f"\nThe other rank(s) {', '.join(map(str, others))} were released; the run "
                  f"ended {wall:.1f} s after it started.")
     for other in others:  # a peer left without a working engine must not go unmentioned
-        cause = results.get(other, {}).get("restart_error")
+        peer = results.get(other)
+        cause = peer.restart_error if peer is not None else None
         if cause:
             text += (f"\nRank {other} did not stop either, and restarting its engine failed: "
                      f"{cause}. Bring it back with %cluster restart {other}.")

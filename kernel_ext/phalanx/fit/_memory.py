@@ -77,10 +77,10 @@ class RunMemory:
 # --- out of memory ------------------------------------------------------------------------------
 
 
-def cuda_oom_text(result: Mapping[str, Any]) -> str | None:
-    """A line for a rank that raised torch's CUDA out-of-memory error (or a plain MemoryError)."""
-    error = result.get("error")
-    memory = result.get("memory") or {}
+def cuda_oom_text(error: str | None, memory: Mapping[str, Any] | None) -> str | None:
+    """A line for a rank that raised torch's CUDA out-of-memory error (or a plain MemoryError);
+    ``error`` is the exception's type name, ``memory`` the rank's figures when it failed."""
+    memory = memory or {}
     if error == "OutOfMemoryError":
         figures = _cuda_figures(memory)
         return "it ran out of GPU memory (torch.OutOfMemoryError)" + (f": {figures}" if figures else "")

@@ -31,6 +31,8 @@ import re
 import time
 from typing import Any, Mapping, Sequence
 
+from ..runtime import RankResult
+
 _PROCESS_META = ("process_name", "process_labels", "process_sort_index")
 _FLOW_ID_STRIDE = 1 << 40  # flow ids of rank r live in [r * stride, (r + 1) * stride)
 HOW_TO_OPEN = ("open it at https://ui.perfetto.dev (Open trace file) or in Chrome at "
@@ -99,10 +101,10 @@ class ProfileReport:
         self.path, self.steps, self.top, self.cuda = path, steps, top, cuda
 
     @classmethod
-    def from_results(cls, results: Mapping[int, dict], run_name: str, slots: Sequence[Any],
+    def from_results(cls, results: Mapping[int, RankResult], run_name: str, slots: Sequence[Any],
                      directory: str = ".") -> "ProfileReport | None":
         """Merge the ranks' profiles in ``results`` and write the trace into ``directory``."""
-        profiles = {r: res["profile"] for r, res in results.items() if res.get("profile")}
+        profiles = {r: res.profile for r, res in results.items() if res.profile}
         if not profiles:
             return None
         traces = {r: json.loads(gzip.decompress(p["trace"])) for r, p in profiles.items()}

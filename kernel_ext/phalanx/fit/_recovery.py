@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..cluster._locality import is_local
-from ..runtime._checkpoint import held_commits
+from ..runtime import Outcome, RankResult, ResumePlan, held_commits
 from ._checkpoints import Lineage, plan_resume
 from ._dispatch import Prepared, prepare
 from ._engine_calls import call_each
@@ -49,9 +49,12 @@ class Recovery:
     """Mixed into FitRunner: uses its cluster, its slots/versions checks and its store dir."""
 
     cluster: Any
-    _store_dir: str
     _job: Job | None
     _resize_to: int | None
+
+    @property
+    def _store_dir(self) -> str:  # FitRunner's
+        raise NotImplementedError
 
     def _slots_for(self, opts: FitOptions) -> list:  # FitRunner's
         raise NotImplementedError
@@ -108,7 +111,7 @@ class Recovery:
 
     # --- resume, restart, resize ------------------------------------------------------------
 
-    def _plan(self, job: Job, slots: list) -> dict | None:
+    def _plan(self, job: Job, slots: list) -> ResumePlan | None:
         """Where this attempt resumes: the newest commit every rank can load."""
         lineage = job.lineage
         assert lineage is not None
@@ -116,22 +119,24 @@ class Recovery:
                          what="resuming (asking which commits it holds)", timeout=30,
                          with_rank=True)
         plan = plan_resume(held)
-        step = plan["step"] if plan else 0
+        step = plan.step if plan else 0
         job.tracker.rewind(step, len(slots))
         job.changes.append({"kind": "resume", "step": step, "world_size": len(slots), "t": time.time(),
-                            "sources": plan["sources"] if plan else []})
+                            "sources": list(plan.sources) if plan else []})
         print(f"phalanx: resuming {job.name} at step {step}" + (
             f" ({_describe_sources(plan)})" if plan else ": no commit to resume from"))
         return plan
 
-    def _restart(self, job: Job, slots: list, results: dict, error: DistributedFitError,
-                 attempt: int) -> list:
+    def _restart(self, job: Job, slots: list, results: dict[int, RankResult],
+                 error: DistributedFitError, attempt: int) -> list:
         """Restart the failing rank's engine (and any dead one) before the next attempt."""
+        assert error.rank is not None  # only a failure that names its rank is restarted
+        failing = results[error.rank]
         ranks = sorted({error.rank} | {r for r, res in results.items()
-                                       if res.get("error") == "EngineDied" or res.get("stopped")})
+                                       if res.outcome is Outcome.DIED or res.stopped})
         where = "resuming from the last commit" if job.lineage else "running again from step 0"
         print(f"phalanx: rank(s) {', '.join(map(str, ranks))} failed "
-              f"({results[error.rank].get('error')}); restarting and {where} "
+              f"({failing.error}); restarting and {where} "
               f"(restart {attempt} of {job.opts.max_restarts})")
         for rank in ranks:
             try:
@@ -142,18 +147,18 @@ class Recovery:
                     f"(--max-restarts), which failed: {cause_of(exc)}. Bring it back with "
                     f"%cluster restart {rank}.", "failed", error.rank, results) from None
         job.changes.append({"kind": "restart", "attempt": attempt, "ranks": ranks, "t": time.time(),
-                            "error": results[error.rank].get("error"),
-                            "step": results[error.rank].get("steps", 0)})
+                            "error": failing.error, "step": failing.steps})
         slots = self._slots_for(job.opts)
         if job.lineage is None:  # nothing to resume from: progress starts over
             job.tracker.rewind(0, len(slots))
         return slots
 
-    def _resize(self, job: Job, slots: list, results: dict) -> tuple[list, Prepared, list[dict]]:
+    def _resize(self, job: Job, slots: list,
+                results: dict[int, RankResult]) -> tuple[list, Prepared, list[dict]]:
         """Every rank stopped at the same commit: scale the cluster and continue from there."""
         n, self._resize_to = self._resize_to, None
         self._clear_control(job)
-        step = max(int(r.get("last_commit") or 0) for r in results.values())
+        step = max(r.last_commit or 0 for r in results.values())
         if n is not None and n != self.cluster.size:
             self.cluster.scale(n)
         slots = self._slots_for(job.opts)
@@ -186,9 +191,9 @@ class Recovery:
             os.remove(path)
 
 
-def _describe_sources(plan: dict) -> str:
+def _describe_sources(plan: ResumePlan) -> str:
     parts = []
-    for rank, source in enumerate(plan["sources"]):
-        parts.append(f"rank {rank} from rank {plan['src']}'s memory" if source == "peer"
+    for rank, source in enumerate(plan.sources):
+        parts.append(f"rank {rank} from rank {plan.src}'s memory" if source == "peer"
                      else f"rank {rank} from its {source}")
     return ", ".join(parts)

@@ -20,7 +20,8 @@ from typing import Any, Callable
 from .. import events
 from .._scratch import ScratchDir, reap_orphans
 from ..cluster._locality import is_local
-from ..runtime._entry import run_cell, stash_objects
+from ..runtime import CheckpointSpec, GroupSpec, Outcome, RankResult, ResumePlan, RunSpec, \
+    run_cell, stash_objects
 from ._checkpoints import Lineage, choose_lineage, warn_if_unused
 from ._control import RunControl
 from ._dispatch import Prepared, choose_backend, prepare, reachable_ip
@@ -155,11 +156,12 @@ class FitRunner(Recovery):
             versions = self._engine_versions(slots)
             resume = True
 
-    def _attempt(self, job: Job, slots: list, prepared: Prepared, plan: dict | None) -> tuple[str, dict]:
+    def _attempt(self, job: Job, slots: list, prepared: Prepared,
+                 plan: ResumePlan | None) -> tuple[str, dict[int, RankResult]]:
         specs = self._specs(job, slots, prepared, plan)
-        key = specs[0]["group"]["key"]
+        key = specs[0].group.key
         self._stash(slots, prepared)
-        results: dict[int, dict] = {}
+        results: dict[int, RankResult] = {}
         try:  # a rank whose engine left before its task was sent fails like one that died in it
             ars = [dispatch(self.cluster, s, run_cell, spec, blob)
                    for s, spec, blob in zip(slots, specs, prepared.shard_blobs)]
@@ -168,14 +170,14 @@ class FitRunner(Recovery):
         except BaseException:
             self._group_settled(slots, key, ok=False)
             raise
-        job.tracker.wait_final([r for r, res in results.items()
-                                if res.get("error") not in ("EngineDied", "ControllerDied")], 2.0)
+        job.tracker.wait_final([r for r, res in results.items() if res.outcome not in
+                                (Outcome.DIED, Outcome.CONTROLLER_LOST)], 2.0)
         # Failed ranks tore their group down, and a resize changes it: everyone re-forms next time.
         self._group_settled(slots, key, ok=status == "done")
         return status, results
 
-    def _record(self, job: Job, slots: list, results: dict, status: str, versions: list[dict],
-                prepared: Prepared) -> RunRecord:
+    def _record(self, job: Job, slots: list, results: dict[int, RankResult], status: str,
+                versions: list[dict], prepared: Prepared) -> RunRecord:
         wall = time.monotonic() - job.started
         tracker = job.tracker
         tracker.drain()  # every row that arrived is in the digest the summary and manifest use
@@ -194,7 +196,7 @@ class FitRunner(Recovery):
         self.last = record
         self._emit(events.run_ended(job.run_id, status, wall, None if status == "done" else status))
         if status == "done":
-            blob = results[0].get("returns")
+            blob = results[0].returns
             if blob is not None:
                 import cloudpickle
 
@@ -232,10 +234,10 @@ class FitRunner(Recovery):
         deadline (torch builds the deadline into the group), else a new one (re-form)."""
         members = tuple(s.slot_id for s in slots)
         held = {self._groups.get(slot_id) for slot_id in members}
-        if len(held) == 1 and None not in held:
-            key = held.pop()
-            if self._members.get(key) == (members, timeout_s):
-                return key
+        if len(held) == 1:
+            warm = held.pop()
+            if warm is not None and self._members.get(warm) == (members, timeout_s):
+                return warm
         key = f"phx-{self._id}-{next(self._formations)}-w{len(members)}"
         self._members[key] = (members, timeout_s)
         return key
@@ -273,27 +275,29 @@ class FitRunner(Recovery):
             self._receiver = MetricsReceiver(bind_ip)
         return self._receiver
 
-    def _specs(self, job: Job, slots: list, prepared: Prepared, plan: dict | None) -> list[dict]:
+    def _specs(self, job: Job, slots: list, prepared: Prepared,
+               plan: ResumePlan | None) -> list[RunSpec]:
+        """Each rank's spec: the same run, its own rank (in the spec and in its group's)."""
         key = self._group_key(slots, job.opts.collective_timeout)
         store = self._store_for(slots, key)
         receiver = self._receiver_for(slots)
         opts = job.opts
-        group = {"key": key, "world_size": len(slots), "store": store, "backend": job.backend,
-                 "timeout_s": opts.collective_timeout, "hosts": tuple(s.host for s in slots),
-                 "pids": tuple(s.pid for s in slots)}
         checkpoint = None
         if job.lineage is not None:
-            checkpoint = {"key": job.lineage.key, "every": job.lineage.every,
-                          "dir": job.lineage.directory, "resume": plan,
-                          "control": self._control_path(job)}
-        return [{"run_id": job.run_id, "rank": r, "world_size": len(slots), "body": job.body,
-                 "names": sorted(prepared.blobs), "group": {**group, "rank": r},
-                 "metrics_address": receiver.address, "metrics_token": receiver.token,
-                 "sync": prepared.strategy or opts.sync,
-                 "sync_from_notebook": prepared.strategy is not None, "every": opts.every,
-                 "alpha": opts.alpha, "seed": opts.seed, "returns": list(opts.returns),
-                 "checkpoint": checkpoint, "uneven": opts.uneven, "shard": list(opts.shard),
-                 "memory_interval_s": self.memory_interval_s, "profile": opts.profile}
+            checkpoint = CheckpointSpec(job.lineage.key, job.lineage.every, job.lineage.directory,
+                                        resume=plan, control=self._control_path(job))
+        return [RunSpec(run_id=job.run_id, rank=r, world_size=len(slots), body=job.body,
+                        names=tuple(sorted(prepared.blobs)),
+                        group=GroupSpec(key=key, rank=r, world_size=len(slots), store=store,
+                                        backend=job.backend, timeout_s=opts.collective_timeout,
+                                        hosts=tuple(s.host for s in slots),
+                                        pids=tuple(s.pid for s in slots)),
+                        metrics_address=receiver.address, metrics_token=receiver.token,
+                        sync=prepared.strategy or opts.sync,
+                        sync_from_notebook=prepared.strategy is not None, every=opts.every,
+                        alpha=opts.alpha, seed=opts.seed, returns=tuple(opts.returns),
+                        checkpoint=checkpoint, uneven=opts.uneven, shard=tuple(opts.shard),
+                        memory_interval_s=self.memory_interval_s, profile=opts.profile)
                 for r in range(len(slots))]
 
     def _stash(self, slots: list, prepared: Prepared) -> None:
@@ -319,10 +323,10 @@ class FitRunner(Recovery):
                 self._sent[slot.slot_id] = dict(prepared.hashes)
 
 
-def _exact_steps(tracker: RunTracker, results: dict) -> dict[int, int]:
+def _exact_steps(tracker: RunTracker, results: dict[int, RankResult]) -> dict[int, int]:
     steps = dict(tracker.steps)
     for rank, res in results.items():  # the engines' own counts are exact
-        steps[rank] = max(steps.get(rank, 0), int(res.get("steps", 0)))
+        steps[rank] = max(steps.get(rank, 0), res.steps)
     return steps
 
 
@@ -357,10 +361,10 @@ def _remote_address(slots: list) -> str:
     return next((s.address for s in slots if not is_local(s)), slots[0].address)
 
 
-def _checkpoint_manifest(lineage: Lineage | None, results: dict) -> dict | None:
+def _checkpoint_manifest(lineage: Lineage | None, results: dict[int, RankResult]) -> dict | None:
     if lineage is None:
         return None
-    commits = [r.get("last_commit") for r in results.values() if r.get("last_commit") is not None]
+    commits = [r.last_commit for r in results.values() if r.last_commit is not None]
     return {"lineage": lineage.key, "every": lineage.every, "dir": lineage.directory,
             "last_commit": min(commits) if commits else None}
 
@@ -369,7 +373,8 @@ def _final(first: DistributedFitError, last: DistributedFitError, restarts: int)
     """After restarts ran out: the first failure (its traceback), and what the last one was."""
     if restarts == 0:
         return last
+    failing = last.results.get(last.rank) if last.rank is not None else None
     text = (f"{first.args[0]}\nphalanx restarted the failing rank and resumed {restarts} time(s) "
             f"(--max-restarts {restarts}); the last attempt failed too, on rank {last.rank} "
-            f"({last.results.get(last.rank, {}).get('error')}).")
+            f"({failing.error if failing is not None else None}).")
     return DistributedFitError(text, last.status, first.rank, last.results)

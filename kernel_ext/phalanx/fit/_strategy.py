@@ -50,7 +50,7 @@ def notebook_strategy(sync: str, user_ns: Mapping[str, Any]) -> str | None:
 
 
 def _check_strategy_class(sync: str, name: str, value: Any) -> None:
-    from ..runtime._sync import SyncStrategy
+    from ..runtime import SyncStrategy
 
     if not isinstance(value, type):
         raise FitUsageError(f"--sync {sync}: {name!r} is {_describe(value)}, not a SyncStrategy "
@@ -72,7 +72,7 @@ def _check_strategy_class(sync: str, name: str, value: Any) -> None:
 def _describe(value: Any) -> str:
     if isinstance(value, (int, float, str, bool)) or value is None:
         return f"{_article(type(value).__name__)} ({value!r})"
-    from ..runtime._sync import SyncStrategy
+    from ..runtime import SyncStrategy
 
     if isinstance(value, SyncStrategy):
         return f"a {type(value).__name__} instance (pass the class itself, not an instance)"

@@ -15,10 +15,12 @@ from __future__ import annotations
 import concurrent.futures
 import signal
 import time
+from dataclasses import replace
 from typing import Any
 
+from ..runtime import Outcome, RankResult
 from ._engine_calls import registered, signal_engines
-from ._errors import SECONDARY, cause_of
+from ._errors import CONTROLLER_DIED, ENGINE_DIED, SECONDARY, STALLED, UNRESPONSIVE, cause_of
 from ._output import OutputStreamer
 
 RELEASE_GRACE_S = 10.0   # after interrupting, how long ranks get to come back before we say so
@@ -27,6 +29,8 @@ SECONDARY_GRACE_S = 3.0  # how long a rank's own error may take to arrive after 
 # interrupt sent while such a peer is already returning would land in ipyparallel's own code.
 RELEASE_DELAY_S = 0.5
 POLL_S = 0.005
+# How a rank that kept its peers waiting can end, besides a collective error of its own.
+_STALL_OUTCOMES = (Outcome.INTERRUPTED, Outcome.STOPPED, Outcome.DIED)
 
 
 
@@ -42,7 +46,7 @@ class Waiter:
         self.stalled: set[int] = set()   # ranks that kept their peers waiting
         self.stopped: set[int] = set()   # ... and were found stopped (SIGSTOP): killed
 
-    def wait(self, results: dict[int, dict]) -> str:
+    def wait(self, results: dict[int, RankResult]) -> str:
         """Fill ``results`` (rank -> result) and return done|failed|timeout|interrupted|resized."""
         status, start, failed_at = "done", time.monotonic(), time.monotonic()
         pending = set(range(len(self.ars)))
@@ -52,7 +56,7 @@ class Waiter:
                 if getattr(self.cluster, "controller_exit", None) is not None:
                     self._controller_lost(pending, results)
                 self._collect(pending, results)
-                failed = [r for r in results.values() if not r.get("ok") and not r.get("resized")]
+                failed = [r for r in results.values() if r.failed]
                 if status == "done" and failed:
                     status, failed_at = "failed", time.monotonic()
                 if status == "failed" and self.released_at is None and self._should_release(
@@ -73,7 +77,7 @@ class Waiter:
                 self._release(pending, [])
         self.output.flush()
         self._mark_stalled(results)
-        if status == "done" and any(r.get("resized") for r in results.values()):
+        if status == "done" and any(r.outcome is Outcome.RESIZED for r in results.values()):
             status = "resized"
         return status
 
@@ -87,20 +91,20 @@ class Waiter:
         else:
             time.sleep(POLL_S)
 
-    def _should_release(self, failed: list[dict], pending: set[int], failed_at: float) -> bool:
+    def _should_release(self, failed: list[RankResult], pending: set[int], failed_at: float) -> bool:
         # A rank released by a peer's failure reports a collective error; the peer that failed
         # first is usually finishing on its own, so give it a moment to report its real error -
         # unless a collective deadline names a rank still running: that one is stuck.  (An
         # abort names the rank that gave up: it is returning its own error, not stuck.)
         waited = time.monotonic() - failed_at
-        if any(rank in pending for r in failed if r.get("error") == "CollectiveTimeout"
-               for rank in r.get("ranks", ())):
+        if any(rank in pending for r in failed if r.error == "CollectiveTimeout"
+               for rank in r.ranks):
             return True
-        if any(r.get("error") not in SECONDARY for r in failed):
+        if any(r.error not in SECONDARY for r in failed):
             return waited > RELEASE_DELAY_S
         return waited > SECONDARY_GRACE_S
 
-    def _collect(self, pending: set[int], results: dict[int, dict]) -> None:
+    def _collect(self, pending: set[int], results: dict[int, RankResult]) -> None:
         for rank in sorted(pending):
             ar, slot = self.ars[rank], self.slots[rank]
             if ar.ready():
@@ -113,35 +117,35 @@ class Waiter:
                 pending.discard(rank)
                 results[rank] = died(slot, self.tracker, rank)
 
-    def _lost(self, rank: int, slot: Any, exc: Exception) -> dict:
+    def _lost(self, rank: int, slot: Any, exc: Exception) -> RankResult:
         """A task that ended without our result: its engine died, stopped, or ipyparallel failed it."""
+        steps = self.tracker.steps.get(rank, 0)
         if _is_stopped(slot):  # the controller dropped a frozen engine: it cannot come back
             self._kill_stopped(rank, slot)
-            return {"ok": False, "error": "Stalled", "stopped": True, "ended_at": time.time(),
-                    "steps": self.tracker.steps.get(rank, 0), "message": str(exc)}
+            return RankResult(Outcome.STOPPED, error=STALLED, stopped=True, steps=steps,
+                              message=str(exc))
         engine_gone = slot.state == "dead" or not registered(self.cluster, slot.engine_id)
         if engine_gone:
             _await_exit_code(slot)
             return died(slot, self.tracker, rank, str(exc))
         if getattr(exc, "ename", None) == "KeyboardInterrupt" and self.released_at is not None:
             # our interrupt reached the engine just outside the cell (while it was returning)
-            return {"ok": False, "interrupted": True, "error": "KeyboardInterrupt",
-                    "ended_at": time.time(), "steps": self.tracker.steps.get(rank, 0),
-                    "message": "interrupted while returning"}
-        return {"ok": False, "error": type(exc).__name__, "message": str(exc), "ended_at": time.time(),
-                "traceback": f"{type(exc).__name__}: {exc}", "steps": self.tracker.steps.get(rank, 0)}
+            return RankResult(Outcome.INTERRUPTED, error="KeyboardInterrupt", steps=steps,
+                              message="interrupted while returning")
+        return RankResult(Outcome.RAISED, error=type(exc).__name__, message=str(exc),
+                          traceback=f"{type(exc).__name__}: {exc}", steps=steps)
 
-    def _release(self, pending: set[int], failed: list[dict]) -> None:
+    def _release(self, pending: set[int], failed: list[RankResult]) -> None:
         """Interrupt every rank still running (stopped ones are killed: no signal reaches them)."""
         if self.released_at is not None or not pending:
             self.released_at = self.released_at or time.monotonic()
             return
         self.released_at = time.monotonic()
-        timeouts = [r for r in failed if r.get("error") == "CollectiveTimeout"]
-        if failed and all(r.get("error") in SECONDARY for r in failed) and timeouts:
+        timeouts = [r for r in failed if r.error == "CollectiveTimeout"]
+        if failed and all(r.error in SECONDARY for r in failed) and timeouts:
             # a deadline names who kept the others waiting (torch's own timeouts name nobody);
             # a rank named by an abort gave up on its own and is reporting, not stalled
-            named = {rank for r in timeouts for rank in r.get("ranks", ()) if rank in pending}
+            named = {rank for r in timeouts for rank in r.ranks if rank in pending}
             self.stalled |= named or set(pending)
         targets = []
         for rank in sorted(pending):
@@ -165,36 +169,37 @@ class Waiter:
         except (ProcessLookupError, TypeError):
             pass
 
-    def _abandon(self, pending: set[int], results: dict[int, dict]) -> None:
+    def _abandon(self, pending: set[int], results: dict[int, RankResult]) -> None:
         for rank in list(pending):
-            results[rank] = {"ok": False, "error": "Unresponsive", "ended_at": time.time(),
-                             "steps": self.tracker.steps.get(rank, 0), "grace_s": RELEASE_GRACE_S,
-                             "message": f"did not stop within {RELEASE_GRACE_S:g} s of an interrupt"}
+            results[rank] = RankResult(
+                Outcome.UNRESPONSIVE, error=UNRESPONSIVE, steps=self.tracker.steps.get(rank, 0),
+                grace_s=RELEASE_GRACE_S,
+                message=f"did not stop within {RELEASE_GRACE_S:g} s of an interrupt")
             pending.discard(rank)
             try:
                 self.cluster.restart(rank)
             except Exception as exc:  # the slot is left dead: the next run says so
-                results[rank]["restart_error"] = cause_of(exc)
+                results[rank] = replace(results[rank], restart_error=cause_of(exc))
 
-    def _controller_lost(self, pending: set[int], results: dict[int, dict]) -> None:
+    def _controller_lost(self, pending: set[int], results: dict[int, RankResult]) -> None:
         """No result can arrive without the controller: every rank still running ends now (its
         engine exits by itself when its heartbeats go unanswered)."""
         for rank in sorted(pending):
-            results[rank] = {"ok": False, "error": "ControllerDied", "ended_at": time.time(),
-                             "steps": self.tracker.steps.get(rank, 0),
-                             "controller": dict(self.cluster.controller_exit)}
+            results[rank] = RankResult(Outcome.CONTROLLER_LOST, error=CONTROLLER_DIED,
+                                       steps=self.tracker.steps.get(rank, 0),
+                                       controller=dict(self.cluster.controller_exit))
         pending.clear()
 
-    def _mark_stalled(self, results: dict[int, dict]) -> None:
+    def _mark_stalled(self, results: dict[int, RankResult]) -> None:
         for rank in self.stalled:
             result = results.get(rank)
-            if result is None or result.get("ok") or (
-                    result.get("error") == "EngineDied" and rank not in self.stopped):
+            if result is None or result.ok or (
+                    result.outcome is Outcome.DIED and rank not in self.stopped):
                 continue
-            if result.get("error") not in SECONDARY + ("KeyboardInterrupt", "Stalled", "EngineDied"):
+            if not (result.error in SECONDARY or result.outcome in _STALL_OUTCOMES):
                 continue  # it failed on its own: that error is the report
-            result.update(stalled=True, stopped=rank in self.stopped,
-                          waited_s=self.opts.collective_timeout)
+            results[rank] = replace(result, stalled=True, stopped=rank in self.stopped,
+                                    waited_s=self.opts.collective_timeout)
 
 
 def _is_stopped(slot: Any) -> bool:
@@ -224,8 +229,8 @@ def _await_exit_code(slot: Any, timeout: float = 1.0) -> None:
         time.sleep(0.01)
 
 
-def died(slot: Any, tracker: Any, rank: int, detail: str = "") -> dict:
+def died(slot: Any, tracker: Any, rank: int, detail: str = "") -> RankResult:
     memory = getattr(tracker, "memory", None)
-    return {"ok": False, "error": "EngineDied", "exit_code": slot.exit_code, "ended_at": time.time(),
-            "steps": tracker.steps.get(rank, 0), "message": detail,
-            "memory": memory.latest().get(rank) if memory is not None else None}
+    return RankResult(Outcome.DIED, error=ENGINE_DIED, exit_code=slot.exit_code,
+                      steps=tracker.steps.get(rank, 0), message=detail,
+                      memory=memory.latest().get(rank) if memory is not None else None)

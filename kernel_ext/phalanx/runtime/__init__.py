@@ -37,15 +37,39 @@ Example (two ranks as threads, with the in-process communicator used for testing
     >>> for t in threads: t.join()
     >>> [w.item() for w in ws]
     [3.5, 3.5]
+
+The kernel's side
+-----------------
+A run crosses to the engines as one :class:`RunSpec` per rank and comes back as one
+:class:`RankResult` per rank (see :mod:`._seam`); ``run_cell``, ``stash_objects``,
+``cached_hashes`` and ``held_commits`` are what the kernel calls on an engine.  They are not
+for cells, and the engine calls load on first use.
 """
 
 from importlib import import_module
 from time import perf_counter as _perf_counter
+from typing import TYPE_CHECKING
 
 from ._collectives import allreduce, barrier, broadcast
 from ._hooks import no_sync, wrap
 from ._resume import steps
+from ._seam import CheckpointSpec as CheckpointSpec
+from ._seam import GroupSpec as GroupSpec
+from ._seam import Outcome as Outcome
+from ._seam import RankResult as RankResult
+from ._seam import ResumePlan as ResumePlan
+from ._seam import RunSpec as RunSpec
 from ._state import NotInRunError, current_run
+
+if TYPE_CHECKING:  # loaded on first use (below); named here for type checkers
+    from ._checkpoint import held_commits as held_commits
+    from ._entry import cached_hashes as cached_hashes
+    from ._entry import run_cell as run_cell
+    from ._entry import stash_objects as stash_objects
+    from ._sync import SyncStrategy as SyncStrategy
+    from ._sync import param_grads as param_grads
+    from ._sync import param_values as param_values
+    from .transport._comm import Communicator as Communicator
 
 __all__ = ["log", "allreduce", "broadcast", "barrier", "wrap", "no_sync", "bytes_sent", "steps",
            "latest_metrics", "SyncStrategy", "param_values", "param_grads", "Communicator",
@@ -54,11 +78,15 @@ __all__ = ["log", "allreduce", "broadcast", "barrier", "wrap", "no_sync", "bytes
 # What a strategy needs, loaded on first use: importing phalanx must stay cheap (no numpy).
 _STRATEGY_API = {"SyncStrategy": "._sync", "param_values": "._sync", "param_grads": "._sync",
                  "Communicator": ".transport._comm"}
+# What the kernel calls on an engine, loaded on first use like the strategy API.
+_ENGINE_CALLS = {"run_cell": "._entry", "stash_objects": "._entry", "cached_hashes": "._entry",
+                 "held_commits": "._checkpoint"}
 
 
 def __getattr__(name: str) -> object:
-    if name in _STRATEGY_API:
-        return getattr(import_module(_STRATEGY_API[name], __name__), name)
+    module = _STRATEGY_API.get(name) or _ENGINE_CALLS.get(name)
+    if module is not None:
+        return getattr(import_module(module, __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

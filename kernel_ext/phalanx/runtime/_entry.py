@@ -2,8 +2,9 @@
 
 The kernel calls :func:`stash_objects` once on all engines (shipped names, cached by content
 hash so an unchanged object is never sent twice) and then :func:`run_cell` on every engine with
-that rank's spec and its own shard.  ``run_cell`` never raises: it returns a plain dict saying
-what happened, so the kernel can tell a failing rank from a dead one and report each precisely.
+that rank's :class:`~._seam.RunSpec` and its own shard.  ``run_cell`` never raises: it returns a
+:class:`~._seam.RankResult` saying what happened, so the kernel can tell a failing rank from a
+dead one and report each precisely.
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ import socket
 import sys
 import time
 import traceback
+from dataclasses import replace
 from typing import Any
 
 from ._hooks import finish_uneven
 from ._interrupts import InterruptGate
 from ._memory import collect_cuda_garbage
 from ._resume import StopForResize, make_checkpointer
+from ._seam import Outcome, RankResult, RunSpec
 from ._state import RunContext, engine_state
 from ._threads import share_cores
 
@@ -43,8 +46,8 @@ def cached_hashes() -> dict[str, str]:
     return {name: h for name, (h, _) in engine_state().cache.items()}
 
 
-def run_cell(spec: dict, shard_blob: bytes | None) -> dict:
-    """Run the cell body as rank ``spec['rank']``; returns ``{"ok": ..., ...}``.
+def run_cell(spec: RunSpec, shard_blob: bytes | None) -> RankResult:
+    """Run the cell body as rank ``spec.rank``; returns how it ended.
 
     The kernel's interrupt is raised only while the run can act on it (see ``_interrupts``):
     one arriving once this rank is on its way back is dropped, so the result always gets back."""
@@ -53,13 +56,13 @@ def run_cell(spec: dict, shard_blob: bytes | None) -> dict:
     try:
         return _run_cell(spec, shard_blob, gate)
     except KeyboardInterrupt:  # landed in the instant between the run's end and the gate closing
-        return {"ok": False, "interrupted": True, "error": "KeyboardInterrupt",
-                "message": "interrupted while returning", "steps": 0, "ended_at": time.time()}
+        return RankResult(Outcome.INTERRUPTED, error="KeyboardInterrupt",
+                          message="interrupted while returning")
     finally:
         gate.close()
 
 
-def _run_cell(spec: dict, shard_blob: bytes | None, gate: InterruptGate) -> dict:
+def _run_cell(spec: RunSpec, shard_blob: bytes | None, gate: InterruptGate) -> RankResult:
     import cloudpickle
 
     started = time.time()
@@ -71,16 +74,16 @@ def _run_cell(spec: dict, shard_blob: bytes | None, gate: InterruptGate) -> dict
     try:
         namespace = _namespace(spec, shard_blob)
         group = _ensure_group(state, spec)
-        share_cores(group.spec.hosts, spec["rank"])
+        share_cores(group.spec.hosts, spec.rank)
         run = _new_run(spec, group, namespace)
         run.namespace = namespace
-        run.checkpoints = make_checkpointer(spec.get("checkpoint"), spec["rank"], spec["world_size"])
+        run.checkpoints = make_checkpointer(spec.checkpoint, spec.rank, spec.world_size)
         state.run = run
-        _seed(spec.get("seed"), spec["rank"])
-        namespace.update(rank=spec["rank"], world_size=spec["world_size"], device=run.device)
+        _seed(spec.seed, spec.rank)
+        namespace.update(rank=spec.rank, world_size=spec.world_size, device=run.device)
         hooks = _install_hooks(run, namespace)
-        code = _compile(spec["body"])
-        profiler = _start_profiler(spec.get("profile"), run.device)
+        code = _compile(spec.body)
+        profiler = _start_profiler(spec.profile, run.device)
         exec(code, namespace)
         finish_uneven(run)  # ranks that still train get answers until every rank is done
         for strategy, params_fn in run.tracked:
@@ -89,28 +92,29 @@ def _run_cell(spec: dict, shard_blob: bytes | None, gate: InterruptGate) -> dict
         _cleanup(run, hooks)
         hooks = None
         payload = _returns(spec, namespace)
-        return {"ok": True, "steps": run.steps, "wall_s": time.time() - started,
-                "returns": cloudpickle.dumps(payload) if payload is not None else None,
-                "profile": profiler.result() if profiler is not None else None,
-                **_progress(run)}
+        return RankResult(Outcome.OK, steps=run.steps, wall_s=time.time() - started,
+                          returns=cloudpickle.dumps(payload) if payload is not None else None,
+                          profile=profiler.result() if profiler is not None else None,
+                          **_progress(run))
     except StopForResize as stop:  # every rank stops at the same commit: nothing to release
         gate.close()
-        return {"ok": False, "resized": True, "error": "StopForResize", "message": str(stop),
-                "steps": run.steps if run else 0, "wall_s": time.time() - started,
-                **_progress(run)}
+        return RankResult(Outcome.RESIZED, error="StopForResize", message=str(stop),
+                          steps=run.steps if run else 0, wall_s=time.time() - started,
+                          **_progress(run))
     except BaseException as exc:  # KeyboardInterrupt too: the kernel asked us to stop
         gate.close()  # this rank reports now; a later interrupt must not replace its error
         # Describe the failure before cleaning up: an interrupt arriving during the cleanup must
         # not replace the error that caused it.
-        failure = {"ok": False, "interrupted": isinstance(exc, KeyboardInterrupt),
-                   "error": type(exc).__name__, "message": str(exc),
-                   "traceback": _format_traceback(exc), "steps": run.steps if run else 0,
-                   "host": socket.gethostname(), "pid": os.getpid(),
-                   # the ranks a collective error blames (missing, dead): names a stalled peer
-                   "ranks": [int(r) for r in getattr(exc, "ranks", None) or []],
-                   "memory": _memory_now(), **_progress(run)}
+        outcome = Outcome.INTERRUPTED if isinstance(exc, KeyboardInterrupt) else Outcome.RAISED
+        failure = RankResult(outcome, error=type(exc).__name__, message=str(exc),
+                             traceback=_format_traceback(exc), steps=run.steps if run else 0,
+                             host=socket.gethostname(), pid=os.getpid(),
+                             # the ranks a collective error blames (missing, dead): names a
+                             # stalled peer
+                             ranks=tuple(int(r) for r in getattr(exc, "ranks", None) or ()),
+                             memory=_memory_now(), **_progress(run))
         _shielded(_poison_group, state, exc)
-        return {**failure, "wall_s": time.time() - started}
+        return replace(failure, wall_s=time.time() - started)
     finally:
         if profiler is not None:
             _shielded(profiler.stop)
@@ -129,12 +133,12 @@ def _run_cell(spec: dict, shard_blob: bytes | None, gate: InterruptGate) -> dict
         _shielded(collect_cuda_garbage)
 
 
-def _progress(run: RunContext | None) -> dict:
+def _progress(run: RunContext | None) -> dict[str, Any]:
     """When this rank stopped (for release-time figures) and its last committed step."""
     checkpoints = run.checkpoints if run is not None else None
-    return {"ended_at": time.time(),
-            "last_commit": checkpoints.last_commit if checkpoints is not None else None,
-            "steps_loop": checkpoints.used if checkpoints is not None else None}
+    return dict(ended_at=time.time(),
+                last_commit=checkpoints.last_commit if checkpoints is not None else None,
+                steps_loop=checkpoints.used if checkpoints is not None else None)
 
 
 def _memory_now() -> dict | None:
@@ -161,12 +165,12 @@ def _shielded(fn: Any, *args: Any) -> None:
             return
 
 
-def _namespace(spec: dict, shard_blob: bytes | None) -> dict:
+def _namespace(spec: RunSpec, shard_blob: bytes | None) -> dict:
     import cloudpickle
 
     cache = engine_state().cache
     namespace: dict[str, Any] = {"__name__": "__phalanx_cell__", "__builtins__": __builtins__}
-    for name in spec["names"]:
+    for name in spec.names:
         if name not in cache:
             raise RuntimeError(f"shipped object {name!r} is missing on this engine; re-run the cell")
         namespace[name] = cloudpickle.loads(cache[name][1])
@@ -175,50 +179,50 @@ def _namespace(spec: dict, shard_blob: bytes | None) -> dict:
     return namespace
 
 
-def _ensure_group(state: Any, spec: dict) -> Any:
-    from ._group import GroupSpec, ensure_group
+def _ensure_group(state: Any, spec: RunSpec) -> Any:
+    from ._group import ensure_group
 
-    state.group = ensure_group(state.group, GroupSpec(**spec["group"]))
+    state.group = ensure_group(state.group, spec.group)
     return state.group
 
 
-def _shard_rows(namespace: dict, spec: dict) -> int | None:
+def _shard_rows(namespace: dict, spec: RunSpec) -> int | None:
     """Rows of this rank's ``--shard`` data (for the uneven-inputs message), if any."""
-    for name in spec.get("shard", ()):
+    for name in spec.shard:
         value = namespace.get(name)
         if value is not None and hasattr(value, "__len__"):
             return len(value)
     return None
 
 
-def _new_run(spec: dict, group: Any, namespace: dict) -> RunContext:
+def _new_run(spec: RunSpec, group: Any, namespace: dict) -> RunContext:
     from ._collectives import Collectives
     from ._join import JoinControl
     from ._metrics import MetricsSender
 
     # A notebook-defined strategy arrives as a shipped name: this run's copy of the class.
-    strategy = namespace[spec["sync"]] if spec.get("sync_from_notebook") else spec["sync"]
-    run = RunContext(run_id=spec["run_id"], rank=spec["rank"], world_size=spec["world_size"],
-                     device=_device(spec), strategy_spec=strategy, every=spec["every"],
-                     alpha=spec["alpha"])
+    strategy = namespace[spec.sync] if spec.sync_from_notebook else spec.sync
+    run = RunContext(run_id=spec.run_id, rank=spec.rank, world_size=spec.world_size,
+                     device=_device(spec), strategy_spec=strategy, every=spec.every,
+                     alpha=spec.alpha)
     run.collectives = Collectives(group)
     run.bytes_at_start = run.collectives.bytes_sent
-    run.join = JoinControl(run.collectives, spec.get("uneven", "join"), _shard_rows(namespace, spec))
+    run.join = JoinControl(run.collectives, spec.uneven, _shard_rows(namespace, spec))
     from ._memory import reset_cuda_peak
 
     reset_cuda_peak()  # the run's peak, not the process's
-    run.metrics = MetricsSender(spec["metrics_address"], spec["run_id"], spec["rank"],
-                                spec.get("metrics_token", ""), spec.get("memory_interval_s", 1.0))
+    run.metrics = MetricsSender(spec.metrics_address, spec.run_id, spec.rank,
+                                spec.metrics_token, spec.memory_interval_s)
     run.collectives.clock = run.metrics.clock
     # The step's parts cost a few clock reads per step; PHALANX_STEP_PARTS=0 turns them off.
     run.metrics.clock.parts_enabled = os.environ.get("PHALANX_STEP_PARTS", "1") != "0"
     return run
 
 
-def _device(spec: dict) -> Any:
+def _device(spec: RunSpec) -> Any:
     import torch
 
-    if spec["group"]["backend"] == "nccl" or (os.environ.get("CUDA_VISIBLE_DEVICES")
+    if spec.group.backend == "nccl" or (os.environ.get("CUDA_VISIBLE_DEVICES")
                                               and torch.cuda.is_available()):
         torch.cuda.set_device(0)  # the engine is pinned: its only visible GPU is index 0
         return torch.device("cuda", 0)
@@ -272,11 +276,11 @@ def _compile(body: str) -> Any:
     return compile(body, CELL_FILENAME, "exec")
 
 
-def _returns(spec: dict, namespace: dict) -> dict | None:
-    if not spec["returns"] or spec["rank"] != 0:  # rank 0's copy is the one brought back
+def _returns(spec: RunSpec, namespace: dict) -> dict | None:
+    if not spec.returns or spec.rank != 0:  # rank 0's copy is the one brought back
         return None
     out = {}
-    for name in spec["returns"]:
+    for name in spec.returns:
         if name not in namespace:
             raise NameError(f"--return {name}: the cell did not define {name!r}")
         value = namespace[name]

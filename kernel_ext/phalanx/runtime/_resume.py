@@ -24,6 +24,7 @@ from typing import Any, Iterator
 
 from . import _checkpoint as ck
 from ._commits import Commit
+from ._seam import CheckpointSpec
 from ._state import RunContext, engine_state
 
 
@@ -67,12 +68,12 @@ def steps(total: int) -> Iterator[int]:
 class Checkpointer:
     """Commit and restore one run's training state (one per run, built from the spec)."""
 
-    def __init__(self, spec: dict, rank: int, world_size: int) -> None:
-        self.key: str = spec["key"]
-        self.every: int = spec["every"]
-        self.directory: str | None = spec.get("dir")
-        self.plan: dict | None = spec.get("resume")
-        self.control: str | None = spec.get("control")
+    def __init__(self, spec: CheckpointSpec, rank: int, world_size: int) -> None:
+        self.key = spec.key
+        self.every = spec.every
+        self.directory = spec.directory
+        self.plan = spec.resume
+        self.control = spec.control
         self.rank, self.world_size = rank, world_size
         self.restored = False
         self.used = False                  # whether the loop runs through steps() at all
@@ -104,10 +105,11 @@ class Checkpointer:
         if self.plan is None or self.restored:
             return 0
         self.restored = True
-        step, sources = self.plan["step"], self.plan["sources"]
+        step, sources = self.plan.step, self.plan.sources
         from_peer = None
         if "peer" in sources:  # every rank takes part in the broadcast, whoever needs it
-            src: int = self.plan["src"]  # the rank that sends: a plan with a peer source names it
+            src = self.plan.src  # the rank that sends: a plan with a peer source names it
+            assert src is not None
             mine = self._held(step, sources[self.rank]) if self.rank == src else None
             blob = ck.to_bytes({"state": mine.state, "rng": mine.rng,
                                 "opt_steps": mine.opt_steps}) if mine is not None else b""
@@ -190,5 +192,6 @@ def broadcast_bytes(comm: Any, data: bytes, src: int, rank: int) -> bytes:
     return buffer.tobytes()
 
 
-def make_checkpointer(spec: dict | None, rank: int, world_size: int) -> Checkpointer | None:
-    return Checkpointer(spec, rank, world_size) if spec else None
+def make_checkpointer(spec: CheckpointSpec | None, rank: int,
+                      world_size: int) -> Checkpointer | None:
+    return Checkpointer(spec, rank, world_size) if spec is not None else None
