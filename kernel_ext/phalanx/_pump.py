@@ -14,7 +14,7 @@ Example::
 
     pump = shell_pump(kernel)          # None where the kernel has subshells
     if pump is not None:
-        session.fits.control.message_pump = pump
+        session.serve_messages_during_runs(pump)
 """
 
 from __future__ import annotations
