@@ -54,12 +54,13 @@ lab: setup
 lab-command:
 	@echo '$(LAB)'
 
-# The linter, the type checker and the panel's TypeScript unit tests first (about a minute),
-# then the Python suite.
+# The linter, the type checker, the panel's TypeScript type check, format check and unit tests
+# first (about a minute), then the Python suite.
 test: setup chromium cluster-daemons
 	$(PY) -m ruff check kernel_ext benchmarks tests scripts notebooks
 	$(PY) -m mypy
-	cd labextension && ../$(VENV)/bin/jlpm install --immutable && ../$(VENV)/bin/jlpm test
+	cd labextension && ../$(VENV)/bin/jlpm install --immutable && ../$(VENV)/bin/jlpm typecheck \
+		&& ../$(VENV)/bin/jlpm format:check && ../$(VENV)/bin/jlpm test
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 demo: setup
