@@ -20,7 +20,7 @@ from phalanx._session import Session
 from phalanx.fit import MetricHistory
 from phalanx.fit._downsample import MAX_POINTS
 from phalanx.fit._tracker import RunTracker
-from test_labcomm import FakeComm, FakeManager
+from labcomm_fakes import FakeComm, FakeManager
 
 RANKS, STEPS, BATCH = 2, 60_000, 500
 
@@ -148,7 +148,7 @@ def test_a_window_answer_carries_the_mean_over_ranks_at_full_resolution(fed):
 
 def test_a_fast_run_streams_bounded_rows_to_the_panel_with_exact_means(tmp_path):
     """Rows logged faster than the panel draws are thinned per flush (M4), the means not."""
-    from test_labcomm import FakeTime
+    from labcomm_fakes import FakeTime
 
     session, clock = Session(), FakeTime()
     lab = LabComm(session, comm_manager=FakeManager(), create_comm=lambda **kw: FakeComm(),

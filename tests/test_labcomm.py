@@ -1,7 +1,8 @@
 """The kernel end of the lab panel's comm, with a fake session, fake comms and a fake clock.
 
 Pure logic (routing, throttling, coalescing, validation), so fakes are fine here; the real
-comm through a real JupyterLab is exercised by the browser tests.
+comm through a real JupyterLab is exercised by the browser tests. The fakes are shared in
+labcomm_fakes.py; the outbox that coalesces events between flushes is tested in test_outbox.py.
 """
 
 from __future__ import annotations
@@ -11,118 +12,9 @@ import logging
 import pytest
 
 from phalanx import events
-from phalanx._bus import EventBus
 from phalanx._labcomm import HISTORY_CHUNK_ROWS, MAX_COMMS, LabComm
-from phalanx._outbox import Outbox, wire_safe
 from phalanx.events import COMM_TARGET, validate_event
-
-
-class FakeComm:
-    def __init__(self, fail: bool = False) -> None:
-        self.sent: list[dict] = []
-        self.closed = False
-        self.fail = fail
-        self.msg_cb = self.close_cb = None
-
-    def on_msg(self, cb):
-        self.msg_cb = cb
-
-    def on_close(self, cb):
-        self.close_cb = cb
-
-    def send(self, data):
-        if self.fail:
-            raise OSError("socket gone")
-        self.sent.append(data)
-
-    def close(self):
-        self.closed = True
-
-    # what the frontend does
-    def request(self, data):
-        self.msg_cb({"content": {"data": data}})
-
-    def types(self):
-        return [m["type"] for m in self.sent]
-
-
-class FakeManager:
-    def __init__(self) -> None:
-        self.targets: dict = {}
-
-    def register_target(self, name, f):
-        self.targets[name] = f
-
-    def unregister_target(self, name, f):
-        return self.targets.pop(name)
-
-    def open(self, data=None) -> FakeComm:
-        """A panel opening a comm to the target, as the kernel's comm manager would route it."""
-        comm = FakeComm()
-        self.targets[COMM_TARGET](comm, {"content": {"data": data or {}}})
-        return comm
-
-
-class FakeSession:
-    def __init__(self, max_engines: int = 4) -> None:
-        self.events = EventBus()
-        self.max_engines = max_engines
-        self.scaled: list[int] = []
-        self.stopped = 0
-        self.rows: list[dict] = []
-        self.means: dict[str, list] = {}
-        self.stop_reasons: list[str] = []
-        self.running = True
-
-    def scale(self, n, queue=False):
-        if n == 3 and self.max_engines == 99:
-            raise RuntimeError("engine 2 did not start")
-        self.scaled.append(n)
-        self.events.emit(events.cluster_state([_engine(r) for r in range(n)], self.max_engines))
-
-    def stop_cluster(self):
-        self.stopped += 1
-
-    def stop_run(self, reason):
-        self.stop_reasons.append(reason)
-        return self.running
-
-    def run_history_rows(self):
-        return self.rows
-
-    def run_history_means(self):
-        return self.means
-
-
-class FakeTime:
-    """A clock that only moves when told, and a scheduler that runs timers when time passes."""
-
-    def __init__(self) -> None:
-        self.now = 100.0
-        self.timers: list[list] = []
-
-    def clock(self) -> float:
-        return self.now
-
-    def schedule(self, delay, fn):
-        timer = [self.now + delay, fn, False]
-        self.timers.append(timer)
-        return lambda: timer.__setitem__(2, True)
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-        for timer in [t for t in self.timers if t[0] <= self.now and not t[2]]:
-            self.timers.remove(timer)
-            timer[1]()
-
-
-def _engine(rank: int) -> dict:
-    return {"rank": rank, "engine_id": rank, "host": "h", "pid": 10 + rank, "device": "cpu",
-            "state": "idle", "memory_mb": 100.0, "step": None}
-
-
-def _row(rank: int, step: int, loss: float = 1.0) -> dict:
-    return {"rank": rank, "step": step, "t": float(step), "metrics": {"loss": loss}}
+from labcomm_fakes import FakeComm, FakeManager, FakeSession, FakeTime, _engine, _row
 
 
 @pytest.fixture
@@ -343,32 +235,6 @@ def test_close_unregisters_and_closes_comms(rig):
     fake_time.advance(1)
     assert comm.types() == ["snapshot"]
 
-
-def test_outbox_keeps_order_of_run_boundaries_and_latest_network():
-    box = Outbox()
-    box.add(events.run_started("a", 1, None, "allreduce"))
-    box.add(events.network_state("net", [], []))
-    box.add(events.run_ended("a", "done", 1.0))
-    box.add(events.network_state("net", [{"id": "n", "label": "n", "kind": "model",
-                                          "state": "fitted"}], []))
-    drained = box.drain()
-    assert [e["type"] for e in drained] == ["run_started", "network", "run_ended"]
-    assert drained[1]["nodes"][0]["state"] == "fitted"
-    assert len(box) == 0
-
-
-def test_outbox_does_not_mutate_the_producers_rows():
-    rows = [_row(0, 0)]
-    box = Outbox()
-    box.add(events.metrics("r", rows))
-    box.add(events.metrics("r", [_row(0, 1)]))
-    assert len(rows) == 1
-    assert len(box.drain()[0]["rows"]) == 2
-
-
-def test_wire_safe_leaves_other_events_alone():
-    ev = events.cluster_state([], 2)
-    assert wire_safe(ev) is ev
 
 
 def test_register_uses_the_comm_package_by_default():

@@ -1,0 +1,116 @@
+"""Fakes for the kernel end of the lab panel's comm: comms that record what is sent, a comm
+manager that routes a panel's open to the target, a session, and a clock that only moves when told."""
+
+from __future__ import annotations
+
+from phalanx import events
+from phalanx._bus import EventBus
+from phalanx.events import COMM_TARGET
+
+
+class FakeComm:
+    def __init__(self, fail: bool = False) -> None:
+        self.sent: list[dict] = []
+        self.closed = False
+        self.fail = fail
+        self.msg_cb = self.close_cb = None
+
+    def on_msg(self, cb):
+        self.msg_cb = cb
+
+    def on_close(self, cb):
+        self.close_cb = cb
+
+    def send(self, data):
+        if self.fail:
+            raise OSError("socket gone")
+        self.sent.append(data)
+
+    def close(self):
+        self.closed = True
+
+    # what the frontend does
+    def request(self, data):
+        self.msg_cb({"content": {"data": data}})
+
+    def types(self):
+        return [m["type"] for m in self.sent]
+
+
+class FakeManager:
+    def __init__(self) -> None:
+        self.targets: dict = {}
+
+    def register_target(self, name, f):
+        self.targets[name] = f
+
+    def unregister_target(self, name, f):
+        return self.targets.pop(name)
+
+    def open(self, data=None) -> FakeComm:
+        """A panel opening a comm to the target, as the kernel's comm manager would route it."""
+        comm = FakeComm()
+        self.targets[COMM_TARGET](comm, {"content": {"data": data or {}}})
+        return comm
+
+
+class FakeSession:
+    def __init__(self, max_engines: int = 4) -> None:
+        self.events = EventBus()
+        self.max_engines = max_engines
+        self.scaled: list[int] = []
+        self.stopped = 0
+        self.rows: list[dict] = []
+        self.means: dict[str, list] = {}
+        self.stop_reasons: list[str] = []
+        self.running = True
+
+    def scale(self, n, queue=False):
+        if n == 3 and self.max_engines == 99:
+            raise RuntimeError("engine 2 did not start")
+        self.scaled.append(n)
+        self.events.emit(events.cluster_state([_engine(r) for r in range(n)], self.max_engines))
+
+    def stop_cluster(self):
+        self.stopped += 1
+
+    def stop_run(self, reason):
+        self.stop_reasons.append(reason)
+        return self.running
+
+    def run_history_rows(self):
+        return self.rows
+
+    def run_history_means(self):
+        return self.means
+
+
+class FakeTime:
+    """A clock that only moves when told, and a scheduler that runs timers when time passes."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.timers: list[list] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def schedule(self, delay, fn):
+        timer = [self.now + delay, fn, False]
+        self.timers.append(timer)
+        return lambda: timer.__setitem__(2, True)
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+        for timer in [t for t in self.timers if t[0] <= self.now and not t[2]]:
+            self.timers.remove(timer)
+            timer[1]()
+
+
+def _engine(rank: int) -> dict:
+    return {"rank": rank, "engine_id": rank, "host": "h", "pid": 10 + rank, "device": "cpu",
+            "state": "idle", "memory_mb": 100.0, "step": None}
+
+
+def _row(rank: int, step: int, loss: float = 1.0) -> dict:
+    return {"rank": rank, "step": step, "t": float(step), "metrics": {"loss": loss}}
