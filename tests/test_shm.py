@@ -262,7 +262,7 @@ def check_all(comm):
     import torch
     torch.set_num_threads(1)
     sys.path.insert(0, str(HERE.parent))
-    from test_comm import check_ops
+    from test_comm_transports import check_ops
     check_ops(comm, lambda a: np.array(a, copy=True))
     check_ops(comm, lambda a: torch.from_numpy(np.array(a, copy=True)))
     r, n = comm.rank, comm.world_size
