@@ -1,0 +1,207 @@
+"""Notebook views with fake events (real ipywidgets and bokeh models, no cluster): the live run
+view and its plot, and the display that picks a live view or text for a run."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+from IPython.core.interactiveshell import InteractiveShell
+
+from phalanx._bus import EventBus
+from phalanx.events import progress as progress_event
+from phalanx.events import metrics as metrics_event
+from phalanx.events import run_ended
+from phalanx.fit import MetricHistory
+from phalanx.widgets import RunDisplay, RunSummary, TextProgress
+from phalanx.widgets import _frontend, _plot
+from phalanx.widgets._series import MEAN
+from widget_fakes import FakeClock, fake_record, rank_progress, rows
+
+
+def test_run_view_follows_progress_and_streams_points():
+    from phalanx.widgets._run_view import RunView
+
+    view = RunView("r-1", "run-1", world_size=2, total_steps=None)
+    view.handle(metrics_event("r-1", rows((0, 1, {"loss": 1.0}), (1, 1, {"loss": 2.0}))))
+    view.handle(progress_event("r-1", [rank_progress(0, 10, rate=5.0), rank_progress(1, 6, straggler=True)]))
+    view.handle(progress_event("other", [rank_progress(0, 99), rank_progress(1, 99)]))
+    view.drain()
+    bars = view.progress.bars
+    assert [b.value for b in bars] == [10, 6] and bars[0].max == 10      # no total: leader is full
+    assert bars[1].bar_style == "warning" and "⚠" in view.progress.details[1].value
+    assert "straggler(s): rank 1" in view.header.value
+    view.handle(metrics_event("r-1", rows((0, 2, {"loss": 0.5, "acc": 0.7}))))
+    view.handle(run_ended("r-1", "done", 2.0))
+    view.finish(fake_record("r-1", steps={0: 12, 1: 12}))
+    assert [b.value for b in bars] == [12, 12] and {b.bar_style for b in bars} == {"success"}
+    assert view.plot.metrics == ["loss", "acc"]
+    assert view.plot.points("loss", 0) == 2 and view.plot.points("loss", MEAN) == 2
+    assert view.plot.lines[("acc", MEAN)].values() == [0.7]
+    assert "done" in view.header.value
+    bundle = view._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle and "run-1" in bundle["text/plain"]
+
+
+def test_run_view_coalesces_events_within_its_cpu_budget():
+    from phalanx.widgets._run_view import RunView
+
+    clock = FakeClock()
+    view = RunView("r-1", "run-1", world_size=1, total_steps=100, clock=clock)
+    view.handle(metrics_event("r-1", rows((0, 1, {"loss": 1.0}))))
+    view.handle(progress_event("r-1", [rank_progress(0, 1, 100)]))       # applied at once
+    assert view.progress.bars[0].value == 1 and view.plot.points("loss", 0) == 1
+    for step in range(2, 6):                                             # same instant: queued
+        view.handle(metrics_event("r-1", rows((0, step, {"loss": 1.0 / step}))))
+        view.handle(progress_event("r-1", [rank_progress(0, step, 100)]))
+    assert view.progress.bars[0].value == 1 and view.plot.points("loss", 0) == 1
+    assert view.rows_seen == 5                                           # taken, not drawn yet
+    clock.now = 1.0
+    view.handle(progress_event("r-1", [rank_progress(0, 6, 100)]))       # one update for all
+    assert view.progress.bars[0].value == 6 and view.plot.points("loss", 0) == 5
+
+
+def test_run_view_keeps_drawing_while_a_run_logs_faster_than_its_budget():
+    """Rows are split as they come, whatever the budget: only the widget updates are paced.
+    Charged for the splitting too, a view whose run logs ~45,000 rows between two progress
+    events stayed in debt, and blank, until the run ended."""
+    from phalanx.widgets._run_view import RunView
+
+    clock = FakeClock()
+    view = RunView("r-1", "run-1", world_size=1, total_steps=None, clock=clock)
+    drawn, step = [], 0
+    for _ in range(5):
+        for _ in range(3):   # 15,000 rows each: tens of ms of splitting, over the 30 ms burst
+            batch = rows(*((0, s, {"loss": 1.0 / (1 + s)}) for s in range(step, step + 15_000)))
+            view.handle(metrics_event("r-1", batch))
+            step += 15_000
+        clock.now += 60.0    # refills the whole burst (a first update costs ~0.1 s more)
+        view.handle(progress_event("r-1", [rank_progress(0, step)]))
+        drawn.append(view.plot.lines[("loss", 0)].logged if ("loss", 0) in view.plot.lines else 0)
+    assert view.rows_seen == step
+    assert sum(b > a for a, b in zip([0] + drawn, drawn)) >= 4, drawn   # updated nearly each time
+
+
+def test_first_metric_relabels_the_panel_built_ahead():
+    plot = _plot.LivePlot(world_size=2)
+    prebuilt = plot.tabs.tabs[0].child
+    assert not plot.tabs.visible
+    plot.extend({"loss": {0: ([1], [1.0])}})
+    assert plot.tabs.visible and plot.tabs.tabs[0].child is prebuilt and plot.metrics == ["loss"]
+    figures = [panel.child for panel in prebuilt.tabs]
+    assert [f.yaxis[0].axis_label for f in figures] == ["loss", "loss"]
+    assert [type(f.y_scale).__name__ for f in figures] == ["LinearScale", "LogScale"]
+    plot.extend({"acc": {1: ([1], [0.5])}})
+    assert plot.metrics == ["loss", "acc"] and len(plot.tabs.tabs) == 2
+
+
+def test_live_plot_lines_stay_bounded_and_keep_spikes_and_the_last_point(monkeypatch):
+    monkeypatch.setattr(_plot, "MAX_POINTS", 40)
+    plot = _plot.LivePlot(world_size=1)
+    for start in range(0, 10, 3):  # short: every point drawn as logged
+        steps = list(range(start, min(start + 3, 10)))
+        plot.extend({"loss": {0: (steps, [float(s) for s in steps])}})
+    line = plot.lines[("loss", 0)]
+    assert len(line) == 10 and line.values() == [float(s) for s in range(10)]
+    values = [1.0] * 5000
+    values[1234], values[4321] = 50.0, -7.0   # a spike and a dip, long scrolled past
+    for start in range(10, 5000, 97):
+        steps = list(range(start, min(start + 97, 5000)))
+        plot.extend({"loss": {0: (steps, [values[s] for s in steps])}})
+        data = line.source.data
+        assert len(data["x"]) == len(line) <= 44 and list(data["x"]) == sorted(data["x"])
+    drawn = line.values()
+    assert max(drawn) == 50.0 and min(drawn) == -7.0 and line.logged == 5000
+    assert list(line.source.data["x"])[-1] == 4999.0
+
+
+def test_one_update_leaves_as_one_patch_message():
+    plot = _plot.LivePlot(world_size=2)
+    plot.extend({"loss": {0: ([1], [1.0]), 1: ([1], [2.0]), MEAN: ([1], [1.5])}})
+    sent = []
+    plot.model.send = lambda content, buffers=None: sent.append(content)
+    plot.extend({"loss": {0: ([2], [0.5]), 1: ([2], [1.0]), MEAN: ([2], [0.75])}})
+    headers = [json.loads(m["payload"]) for m in sent if '"msgtype"' in m.get("payload", "")]
+    assert [h["msgtype"] for h in headers] == ["PATCH-DOC"]
+    content = json.loads(sent[2]["payload"])
+    assert [e["kind"] for e in content["events"]] == ["ColumnsStreamed"] * 3
+
+
+def test_run_view_follows_an_elastic_run_that_grows_and_shrinks():
+    from phalanx.widgets._run_view import RunView
+
+    view = RunView("r-1", "run-1", world_size=2, total_steps=100)
+    view.handle(progress_event("r-1", [rank_progress(0, 10), rank_progress(1, 10)]))
+    view.handle(metrics_event("r-1", rows((0, 1, {"loss": 1.0}), (1, 1, {"loss": 2.0}))))
+    view.drain()
+    # Resized to 3 ranks at a commit: a bar, a line and a legend entry for rank 2.
+    view.handle(metrics_event("r-1", rows((0, 2, {"loss": 1.0}), (1, 2, {"loss": 2.0}),
+                                          (2, 2, {"loss": 3.0}))))
+    view.handle(progress_event("r-1", [rank_progress(r, 12) for r in range(3)]))
+    view.drain()
+    assert [b.value for b in view.progress.bars] == [12, 12, 12]
+    assert "3 rank(s)" in view.header.value
+    assert view.plot.points("loss", 2) == 1 and view.plot.lines[("loss", MEAN)].values() == [1.5, 2.0]
+    legend = view.plot.panels["loss"].figures[0].legend[0]
+    assert [item.label["value"] for item in legend.items] == ["rank 0", "rank 1", "rank 2", "mean"]
+    # Shrunk back to 2: rank 2's row is hidden, not left showing a stale count.
+    view.handle(progress_event("r-1", [rank_progress(r, 20) for r in range(2)]))
+    view.drain()
+    rows_shown = [row.layout.display for row in view.progress.widget.children]
+    assert rows_shown == ["", "", "none"] and "2 rank(s)" in view.header.value
+
+
+
+def test_run_display_chooses_text_outside_a_widget_frontend(capsys):
+    bus = EventBus()
+    session = SimpleNamespace(events=bus, last_record=None)
+    shown = RunDisplay(session, InteractiveShell.instance(), widget=True)
+    tracker = SimpleNamespace(run_id="r-9", world_size=2, total_steps=4)
+    shown.start(tracker, "run-9")
+    assert isinstance(shown.view, TextProgress) and not shown.live
+    bus.emit(progress_event("r-9", [rank_progress(0, 2, 4), rank_progress(1, 2, 4)]))
+    session.last_record = fake_record("r-9", steps={0: 4, 1: 4})
+    summary = shown.finish()
+    assert isinstance(summary, RunSummary) and summary.record.run_id == "r-9"
+    assert "run-9 done" in capsys.readouterr().out
+    bus.emit(progress_event("r-9", [rank_progress(0, 3, 4)]))   # detached: nothing more printed
+    assert capsys.readouterr().out == ""
+
+
+def test_run_display_shows_the_live_view_in_a_widget_frontend(monkeypatch):
+    from phalanx.widgets._run_view import RunView
+
+    monkeypatch.setattr(_frontend, "widgets_available", lambda shell: True)
+    shown_objects = []
+    bus = EventBus()
+    session = SimpleNamespace(events=bus, last_record=fake_record("older"))
+    shown = RunDisplay(session, None, widget=True, show=shown_objects.append)
+    shown.start(SimpleNamespace(run_id="r-2", world_size=2, total_steps=None), "run-2")
+    assert shown_objects == [shown.view] and isinstance(shown.view, RunView)
+    assert RunDisplay(session, None, widget=False).live is False      # --no-widget
+    assert shown.finish() is None            # the run left no record: no summary of another run
+
+
+def test_zooming_a_finished_plot_redraws_the_window_at_full_resolution(monkeypatch):
+    from phalanx.fit._digest import window_points
+
+    monkeypatch.setattr(_plot, "MAX_POINTS", 100)
+    history = MetricHistory()
+    plot = _plot.LivePlot(world_size=2)
+    for start in range(0, 20_000, 500):
+        for rank in (0, 1):
+            rows = [[s, 0.0, {"loss": float(s % 7 + rank)}] for s in range(start, start + 500)]
+            history.extend(rank, rows)
+            steps = [r[0] for r in rows]
+            plot.extend({"loss": {rank: (steps, [r[2]["loss"] for r in rows])}})
+    line = plot.lines[("loss", 1)]
+    assert len(line) <= 104
+    plot.zoom_from(lambda name, key, start, end: window_points(history, name, key, start, end, 100))
+    x_range = plot.panels["loss"].figures[0].x_range
+    x_range.start, x_range.end = 5000, 5040          # what the browser's zoom tool sends
+    data = line.source.data
+    inside = [(x, y) for x, y in zip(data["x"], data["y"]) if 5000 <= x <= 5040]
+    assert inside == [(float(s), float(s % 7 + 1)) for s in range(5000, 5041)]
+    assert list(data["x"]) == sorted(data["x"]) and data["x"][-1] == 19_999   # the rest still drawn
+    x_range.start, x_range.end = 0, 19_999           # zoomed out again: the downsampled curve
+    assert len(line) <= 104
