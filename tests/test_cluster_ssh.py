@@ -153,12 +153,12 @@ def test_engines_over_ssh_on_two_hosts_train_together(session, shell, hosts, fig
     assert shell.user_ns["transport"] == "TorchCommunicator"  # no shared memory across hosts
     record = session.last_run()
     assert record.status == "done" and {r["rank"] for r in record.history.rows()} == {0, 1}
-    assert session.fits._tcp_store is not None  # a rendezvous both hosts reach
-    store_port = session.fits._tcp_store.port
+    assert session.fits.rendezvous.tcp_store is not None  # a rendezvous both hosts reach
+    store_port = session.fits.rendezvous.tcp_store.port
     assert [s[1] for s in listening_sockets([os.getpid()]) if s[2] == store_port] == [HERE]
     _check_protected(session)
     shell.run_line_magic("cluster", "stop")
-    assert session.fits._tcp_store is None and session.fits._receiver is None
+    assert session.fits.rendezvous.tcp_store is None and session.fits.rendezvous.receiver is None
     wait_for(lambda: not _remote_engine_pids(), 30, what="engines on the second host gone")
     # The same kernel then starts a local cluster: its metrics come back on loopback, not to
     # the receiver that listened on the other cluster's network.
@@ -167,8 +167,8 @@ def test_engines_over_ssh_on_two_hosts_train_together(session, shell, hosts, fig
         run_cell(shell, "%%distributed_fit --return total --no-widget\n" + BODY)
         record = session.last_run()
         assert {r["rank"] for r in record.history.rows()} == {0, 1}, "no metric row arrived"
-        assert session.fits._receiver.address.startswith("tcp://127.0.0.1:")
-        assert session.fits._tcp_store is None  # one host: a private file rendezvous
+        assert session.fits.rendezvous.receiver.address.startswith("tcp://127.0.0.1:")
+        assert session.fits.rendezvous.tcp_store is None  # one host: a private file rendezvous
     finally:
         session.stop_cluster()
 
@@ -184,7 +184,7 @@ def _check_protected(session) -> None:
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     with open(path) as handle:
         assert json.load(handle).get("curve_serverkey")  # engines must speak CurveZMQ
-    receiver = session.fits._receiver
+    receiver = session.fits.rendezvous.receiver
     assert receiver.address.startswith(f"tcp://{HERE}:")
     rows_before = len(session.last_run().history.rows())
     stranger = zmq.Context.instance().socket(zmq.PUSH)

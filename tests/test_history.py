@@ -210,7 +210,7 @@ def test_a_run_keeps_its_history_on_disk_where_asked(two_engines, shell, tmp_pat
     run_cell(shell, LOOP.format(flags="--no-widget"))
     default = two_engines.last_run().history_path
     # without --keep-history: under the session's temporary directory, removed with it
-    assert default.startswith(two_engines.fits._store_dir + os.sep)
+    assert default.startswith(two_engines.fits.rendezvous.directory + os.sep)
     assert os.path.isdir(path)   # the kept one stays
     rows = two_engines.run_history_rows()
     assert {r["rank"] for r in rows} == {0, 1} and len(rows) == 600   # short: every point

@@ -123,8 +123,8 @@ def test_engines_in_two_network_namespaces_join_one_run(namespaces, tmp_path, fi
         record = session.last_run()
         assert record.status == "done" and record.steps == {0: 5, 1: 5, 2: 5}
         assert {r["rank"] for r in record.history.rows()} == {0, 1, 2}  # metrics from every ns
-        assert session.fits._tcp_store is not None  # a TCP rendezvous, not a local file
-        assert session.fits._receiver.address.startswith(f"tcp://{KERNEL_IP}:")
+        assert session.fits.rendezvous.tcp_store is not None  # a TCP rendezvous, not a local file
+        assert session.fits.rendezvous.receiver.address.startswith(f"tcp://{KERNEL_IP}:")
         session.distributed_fit(BODY, FitOptions.build(returns="total", widget=False), ns)
         assert ns["total"] == 6.0  # warm re-run across the namespaces
         _fit_a_network_over_tls(session)
@@ -134,10 +134,10 @@ def test_engines_in_two_network_namespaces_join_one_run(namespaces, tmp_path, fi
         sockets = listening_sockets(here)
         wide = [s for s in sockets if s[1] not in ("127.0.0.1", "::1", KERNEL_IP)]
         assert not wide, f"listening beyond loopback and the cluster's network: {wide}"
-        store_port = session.fits._tcp_store.port
+        store_port = session.fits.rendezvous.tcp_store.port
         assert (os.getpid(), KERNEL_IP, store_port) in sockets, sockets
         session.stop_cluster()  # a stopped cluster leaves nothing listening for its engines
-        assert session.fits._tcp_store is None and session.fits._receiver is None
+        assert session.fits.rendezvous.tcp_store is None and session.fits.rendezvous.receiver is None
         assert not [s for s in listening_sockets([os.getpid()]) if s[2] == store_port]
     finally:
         session.close()

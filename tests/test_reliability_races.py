@@ -164,7 +164,7 @@ def test_an_engine_dying_in_the_version_check_names_the_rank(ready, shell, monke
 
     victim = ready.cluster.slots()[1]
     monkeypatch.setattr(_run, "engine_versions", functools.partial(versions_or_die, victim.pid))
-    ready.fits._versions.clear()
+    ready.fits.engines.forget_versions()
     error = _fit_error(shell, "%%distributed_fit\nallreduce(np.ones(4))\n")
     message = str(error)
     assert error.rank == 1 and "died while the run was starting" in message

@@ -46,10 +46,10 @@ def test_every_cluster_socket_listens_on_loopback_only(two_engines, shell):
     assert sockets, "found no listening socket at all: the check would prove nothing"
     exposed = [s for s in sockets if s[1] not in LOOPBACK]
     assert not exposed, f"listening beyond loopback: {exposed}"
-    receiver = session.fits._receiver
+    receiver = session.fits.rendezvous.receiver
     assert receiver is not None and receiver.address.startswith("tcp://127.0.0.1:")
-    assert session.fits._tcp_store is None  # one host: the rendezvous is a private file store
-    assert stat.S_IMODE(os.stat(session.fits._store_dir).st_mode) == 0o700
+    assert session.fits.rendezvous.tcp_store is None  # one host: the rendezvous is a private file store
+    assert stat.S_IMODE(os.stat(session.fits.rendezvous.directory).st_mode) == 0o700
 
 
 def test_connection_files_are_owner_only_from_the_moment_they_exist():

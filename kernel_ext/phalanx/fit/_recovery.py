@@ -1,6 +1,6 @@
 """How a run survives its faults and changes size: resume plans, restarts, elastic resizes.
 
-:class:`Recovery` is the part of :class:`~phalanx.fit._run.FitRunner` that runs *between*
+:class:`Recovery` is the collaborator of :class:`~phalanx.fit._run.FitRunner` that acts *between*
 attempts of one run: it asks the engines which commits they hold and picks where to resume
 (:func:`~._checkpoints.plan_resume`), restarts a failing rank's engine (``--max-restarts``), and
 carries out a resize requested while a checkpointed run goes (``Session.scale`` during the run):
@@ -15,7 +15,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Callable
 
 from ..cluster._locality import is_local
 from ..runtime import Outcome, RankResult, ResumePlan, held_commits
@@ -24,6 +24,7 @@ from ._dispatch import Prepared, prepare
 from ._engine_calls import call_each
 from ._errors import DistributedFitError, cause_of
 from ._options import FitOptions, FitUsageError
+from ._rendezvous import Rendezvous
 from ._tracker import RunTracker
 
 log = logging.getLogger("phalanx")
@@ -46,21 +47,30 @@ class Job:
 
 
 class Recovery:
-    """Mixed into FitRunner: uses its cluster, its slots/versions checks and its store dir."""
+    """The runner's resumes, restarts and resizes, and the resize asked for during a run.
 
-    cluster: Any
-    _job: Job | None
-    _resize_to: int | None
+    ``slots_for`` gives the engines a run's options use (refusing dead ones), ``engine_versions``
+    checks theirs; the resize signal lives in ``rendezvous``'s private directory.
+    """
 
-    @property
-    def _store_dir(self) -> str:  # FitRunner's
-        raise NotImplementedError
+    def __init__(self, cluster: Any, rendezvous: Rendezvous,
+                 slots_for: Callable[[FitOptions], list],
+                 engine_versions: Callable[[list], list[dict]]) -> None:
+        self.cluster = cluster
+        self._rendezvous = rendezvous
+        self._slots_for = slots_for
+        self._engine_versions = engine_versions
+        self._job: Job | None = None         # the run going, if any
+        self._resize_to: int | None = None   # the size asked for during it
 
-    def _slots_for(self, opts: FitOptions) -> list:  # FitRunner's
-        raise NotImplementedError
+    def run_started(self, job: Job) -> None:
+        """``job`` runs now: resizes asked for from here on are its."""
+        self._job = job
 
-    def _engine_versions(self, slots: list) -> list[dict]:  # FitRunner's
-        raise NotImplementedError
+    def run_over(self) -> None:
+        """The run ended: a resize asked for after its last commit is applied now."""
+        self._job = None
+        self._apply_late_resize()
 
     def request_resize(self, n: int) -> None:
         """Change the running (checkpointed) run's world size to ``n`` at its next commit.
@@ -76,7 +86,7 @@ class Recovery:
         if job.opts.n is not None:
             raise FitUsageError(f"run {job.name!r} was started with -n {job.opts.n}: it keeps that "
                                 "many ranks; wait for it or interrupt it")
-        control = self._control_path(job)
+        control = self.control_path(job)
         if control is None:
             raise FitUsageError("elastic scaling needs every engine on this host (the resize "
                                 "signal is a file the engines watch)")
@@ -105,13 +115,13 @@ class Recovery:
         job, n = self._job, self._resize_to
         if job is None or n is None:
             return None
-        if job.lineage is not None and self._control_path(job) is not None:
+        if job.lineage is not None and self.control_path(job) is not None:
             return f"resizing {job.name} to {n} at its next commit"
         return f"scale to {n} after {job.name}"
 
     # --- resume, restart, resize ------------------------------------------------------------
 
-    def _plan(self, job: Job, slots: list) -> ResumePlan | None:
+    def plan(self, job: Job, slots: list) -> ResumePlan | None:
         """Where this attempt resumes: the newest commit every rank can load."""
         lineage = job.lineage
         assert lineage is not None
@@ -127,7 +137,7 @@ class Recovery:
             f" ({_describe_sources(plan)})" if plan else ": no commit to resume from"))
         return plan
 
-    def _restart(self, job: Job, slots: list, results: dict[int, RankResult],
+    def restart(self, job: Job, slots: list, results: dict[int, RankResult],
                  error: DistributedFitError, attempt: int) -> list:
         """Restart the failing rank's engine (and any dead one) before the next attempt."""
         assert error.rank is not None  # only a failure that names its rank is restarted
@@ -153,7 +163,7 @@ class Recovery:
             job.tracker.rewind(0, len(slots))
         return slots
 
-    def _resize(self, job: Job, slots: list,
+    def resize(self, job: Job, slots: list,
                 results: dict[int, RankResult]) -> tuple[list, Prepared, list[dict]]:
         """Every rank stopped at the same commit: scale the cluster and continue from there."""
         n, self._resize_to = self._resize_to, None
@@ -179,14 +189,16 @@ class Recovery:
             except Exception as exc:
                 log.warning("phalanx: scaling to %s after the run failed: %s", n, exc)
 
-    def _control_path(self, job: Job) -> str | None:
+    def control_path(self, job: Job) -> str | None:
+        """The file whose appearance asks ``job``'s ranks to stop at their next commit for a
+        resize; None when the run keeps no commits or an engine is on another host."""
         slots = self.cluster.slots()
         if job.lineage is None or not all(is_local(s) for s in slots):
             return None
-        return os.path.join(self._store_dir, f"{job.lineage.key}.resize")
+        return os.path.join(self._rendezvous.directory, f"{job.lineage.key}.resize")
 
     def _clear_control(self, job: Job) -> None:
-        path = self._control_path(job)
+        path = self.control_path(job)
         if path and os.path.exists(path):
             os.remove(path)
 

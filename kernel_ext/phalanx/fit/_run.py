@@ -1,78 +1,60 @@
 """Run a ``%%distributed_fit`` cell on the engines and bring the result back.
 
-One :class:`FitRunner` per session.  It keeps what makes re-running a cell cheap: the metric
-receiver, the rendezvous store, and which shipped objects each engine already holds.  A run is
-one or more *attempts*: the first, then - with ``--max-restarts`` - one more after each failure
-(the failing rank's engine is restarted and the run resumes from its last commit), and with
-elastic scaling one more after each resize.  Each attempt's faults become one clear error (see
-:mod:`._waiter` and :mod:`._errors`).
+One :class:`FitRunner` per session.  What makes re-running a cell cheap lives in the objects it
+is composed of: its :class:`~._rendezvous.Rendezvous` (the metric receiver, the rendezvous store)
+and its :class:`~._engine_cache.EngineSetCache` (the group each engine holds, which shipped
+objects it already has, its package versions).  A run is one or more *attempts*: the first,
+then - with ``--max-restarts`` - one more after each failure (the failing rank's engine is
+restarted and the run resumes from its last commit), and with elastic scaling one more after
+each resize; its :class:`~._recovery.Recovery` does what happens between them.  Each attempt's
+faults become one clear error (see :mod:`._waiter` and :mod:`._errors`).
 """
 
 from __future__ import annotations
 
 import itertools
 import os
-import secrets
 import time
 import uuid
 from typing import Any, Callable
 
 from .. import events
-from .._scratch import ScratchDir, reap_orphans
-from ..cluster._locality import is_local
 from ..runtime import CheckpointSpec, GroupSpec, Outcome, RankResult, ResumePlan, RunSpec, \
     run_cell, stash_objects
 from ._checkpoints import Lineage, choose_lineage, warn_if_unused
 from ._control import RunControl
-from ._dispatch import Prepared, choose_backend, prepare, reachable_ip
+from ._dispatch import Prepared, choose_backend, prepare
+from ._engine_cache import EngineSetCache
 from ._engine_calls import alive, call_each, dispatch, fault_of
 from ._errors import DistributedFitError, failure
 from ._manifest import build_manifest, check_versions, engine_versions
 from ._options import FitOptions, FitUsageError
 from ._profile import ProfileReport
-from ._receiver import MetricsReceiver
 from ._recovery import Job, Recovery
 from ._record import RunRecord
+from ._rendezvous import Rendezvous
 from ._tracker import RunTracker
 from ._waiter import Waiter
 
 
-class FitRunner(Recovery):
+class FitRunner:
     """Runs cells on a :class:`~phalanx.cluster.ClusterManager`; emits events on ``emit``."""
 
     def __init__(self, cluster: Any, emit: Callable[[dict], None]) -> None:
         self.cluster = cluster
         self._emit = emit
         self._id = uuid.uuid4().hex[:8]
-        self._secret = secrets.token_hex(16)  # shared with this cluster's engines only
         self._counter = itertools.count(1)
-        self._formations = itertools.count(1)
-        # Keyed by slot id, not engine id: a new cluster numbers its engines from 0 again, and
-        # its engines hold neither the old group nor the old shipped objects.
-        self._groups: dict[str, str] = {}             # slot id -> key of the group it holds
-        self._members: dict[str, tuple] = {}          # group key -> (slot ids by rank, deadline)
-        self._sent: dict[str, dict[str, str]] = {}    # slot id -> {shipped name: content hash}
-        self._versions: dict[tuple, list[dict]] = {}
-        self._receiver: MetricsReceiver | None = None
-        # The one-host rendezvous lives in a private directory made at the first run; it goes
-        # when the kernel goes, and a killed kernel's is removed here by the next one.
-        reap_orphans()
-        self._scratch = ScratchDir("rdzv")
-        self._tcp_store: Any = None                   # across hosts: torch's TCPStore server
-        self._tcp_store_ip: str | None = None         # ... listening on this address only
+        self.engines = EngineSetCache(f"phx-{self._id}")
+        self.rendezvous = Rendezvous()
+        self.recovery = Recovery(cluster, self.rendezvous, self._slots_for, self._engine_versions)
         self._lineage: Lineage | None = None          # the last run's checkpoints (for --resume)
-        self._job: Job | None = None
-        self._resize_to: int | None = None
         self.active: RunTracker | None = None
         self.active_name: str | None = None
         self.last: RunRecord | None = None
         self.last_memory: dict[int, dict] = {}   # the engines' last samples of the last run
         self.control = RunControl()  # stop requests and the wait loop's message pump
         self.memory_interval_s = 1.0  # engines sample their memory this often during a run (0: off)
-
-    @property
-    def _store_dir(self) -> str:
-        return self._scratch.path  # 0700: owner only
 
     # --- public -----------------------------------------------------------------------------
 
@@ -92,8 +74,9 @@ class FitRunner(Recovery):
         tracker = RunTracker(run_id, len(slots), opts.steps, self._emit,
                              history_dir=self._history_dir(opts, run_id, name))
         job = Job(run_id, name, body, opts, user_ns, backend, lineage, tracker)
-        self._receiver_for(slots).register(run_id, tracker.on_batch)
-        self.active, self.active_name, self._job = tracker, job.name, job
+        self.rendezvous.receiver_for(slots).register(run_id, tracker.on_batch)
+        self.recovery.run_started(job)  # before the run shows as active: a resize can find it
+        self.active, self.active_name = tracker, job.name
         try:
             self._emit(events.run_started(run_id, len(slots), opts.steps, opts.sync, name=job.name))
             if on_start is not None:
@@ -103,10 +86,10 @@ class FitRunner(Recovery):
         finally:
             tracker.stop()
             self.last_memory = tracker.memory.latest()  # each rank's figures as the run ended
-            self._receiver_for(slots).unregister(run_id)
-            self.active = self.active_name = self._job = None
+            self.rendezvous.receiver_for(slots).unregister(run_id)
+            self.active = self.active_name = None
             self._lineage = job.lineage or self._lineage
-            self._apply_late_resize()
+            self.recovery.run_over()
 
     def _history_dir(self, opts: FitOptions, run_id: str, name: str) -> str:
         """Where the run's metric history is written: ``--keep-history DIR/<name>-<id>``, else
@@ -114,30 +97,38 @@ class FitRunner(Recovery):
         if opts.keep_history:
             safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
             return os.path.join(opts.keep_history, f"{safe}-{run_id}")
-        return os.path.join(self._store_dir, "history", run_id)
+        return os.path.join(self.rendezvous.directory, "history", run_id)
+
+    def request_resize(self, n: int) -> None:
+        """Change the running (checkpointed) run's world size to ``n`` at its next commit."""
+        self.recovery.request_resize(n)
+
+    def queue_resize(self, n: int) -> str:
+        """Scale to ``n`` engines once the running (fixed-size) run is over; says so."""
+        return self.recovery.queue_resize(n)
+
+    def pending_notice(self) -> str | None:
+        """What a resize asked for during the run waits for, in words (None: nothing waits)."""
+        return self.recovery.pending_notice()
 
     def release_listeners(self) -> None:
         """Close the sockets opened for the engines (metric stream, TCP rendezvous): a stopped
         cluster's network needs none, and the next run opens what its cluster needs."""
-        if self._receiver is not None:
-            self._receiver.close()
-            self._receiver = None
-        self._tcp_store = self._tcp_store_ip = None
+        self.rendezvous.release_listeners()
 
     def close(self) -> None:
-        self.release_listeners()
-        self._scratch.remove()
+        self.rendezvous.close()
 
     # --- attempts ---------------------------------------------------------------------------
 
     def _attempts(self, job: Job, slots: list, prepared: Prepared, versions: list[dict]) -> RunRecord:
         resume, restarts, first_error = job.opts.resume, 0, None
         while True:
-            plan = self._plan(job, slots) if resume and job.lineage is not None else None
+            plan = self.recovery.plan(job, slots) if resume and job.lineage is not None else None
             began = time.monotonic()
             status, results = self._attempt(job, slots, prepared, plan)
             if status == "resized":
-                slots, prepared, versions = self._resize(job, slots, results)
+                slots, prepared, versions = self.recovery.resize(job, slots, results)
                 resume = True
                 continue
             if status == "done":
@@ -152,7 +143,7 @@ class FitRunner(Recovery):
                 self._record(job, slots, results, status, versions, prepared)
                 raise _final(first_error, error, restarts)
             restarts += 1
-            slots = self._restart(job, slots, results, error, restarts)
+            slots = self.recovery.restart(job, slots, results, error, restarts)
             versions = self._engine_versions(slots)
             resume = True
 
@@ -168,12 +159,15 @@ class FitRunner(Recovery):
             status = Waiter(self.cluster, slots, ars, job.tracker, job.opts,
                             self.control.pump).wait(results)
         except BaseException:
-            self._group_settled(slots, key, ok=False)
+            self.engines.group_torn_down(slots)
             raise
         job.tracker.wait_final([r for r, res in results.items() if res.outcome not in
                                 (Outcome.DIED, Outcome.CONTROLLER_LOST)], 2.0)
         # Failed ranks tore their group down, and a resize changes it: everyone re-forms next time.
-        self._group_settled(slots, key, ok=status == "done")
+        if status == "done":
+            self.engines.group_formed(slots, key)
+        else:
+            self.engines.group_torn_down(slots)
         return status, results
 
     def _record(self, job: Job, slots: list, results: dict[int, RankResult], status: str,
@@ -221,71 +215,26 @@ class FitRunner(Recovery):
         return slots
 
     def _engine_versions(self, slots: list) -> list[dict]:
-        key = (self.cluster.topology(), len(slots))
-        if key not in self._versions:
+        """The engines' package versions, checked to agree (asked once per cluster layout)."""
+        def ask() -> list[dict]:
             versions = call_each(self.cluster, slots, engine_versions,
                                  what="the run was starting (checking package versions)")
             check_versions(versions, slots)  # raises before anything is cached or run
-            self._versions[key] = versions
-        return self._versions[key]
+            return versions
 
-    def _group_key(self, slots: list, timeout_s: float) -> str:
-        """The warm group's key when exactly these engines hold it with this collective
-        deadline (torch builds the deadline into the group), else a new one (re-form)."""
-        members = tuple(s.slot_id for s in slots)
-        held = {self._groups.get(slot_id) for slot_id in members}
-        if len(held) == 1:
-            warm = held.pop()
-            if warm is not None and self._members.get(warm) == (members, timeout_s):
-                return warm
-        key = f"phx-{self._id}-{next(self._formations)}-w{len(members)}"
-        self._members[key] = (members, timeout_s)
-        return key
-
-    def _group_settled(self, slots: list, key: str, ok: bool) -> None:
-        """Remember which engines hold a working group (failed ranks tear theirs down)."""
-        for slot in slots:
-            if ok:
-                self._groups[slot.slot_id] = key
-            else:
-                self._groups.pop(slot.slot_id, None)
-
-    def _store_for(self, slots: list, key: str) -> tuple:
-        # One host: a private file store, and no TCP server left from an earlier cluster that
-        # spanned hosts (it would listen on that cluster's network for nothing).
-        if all(is_local(s) for s in slots):
-            self._tcp_store = None
-            return ("file", os.path.join(self._store_dir, key))
-        bind_ip = reachable_ip(_remote_address(slots))
-        if self._tcp_store is None or self._tcp_store_ip != bind_ip:
-            self._tcp_store, self._tcp_store_ip = None, bind_ip
-            self._tcp_store = tcp_store_on(bind_ip)
-        return ("tcp", bind_ip, self._tcp_store.port, self._secret)
-
-    def _receiver_for(self, slots: list) -> MetricsReceiver:
-        # Local engines report on loopback; across hosts only the interface on the route to the
-        # engines listens, not every one.  A receiver bound for another cluster is replaced: the
-        # network it listened on (a remote cluster's) may be gone, and loopback is unreachable
-        # from another host.
-        local = all(is_local(s) for s in slots)
-        bind_ip = "127.0.0.1" if local else reachable_ip(_remote_address(slots))
-        if self._receiver is None or self._receiver.bind_ip != bind_ip:
-            if self._receiver is not None:
-                self._receiver.close()
-            self._receiver = MetricsReceiver(bind_ip)
-        return self._receiver
+        return self.engines.versions((self.cluster.topology(), len(slots)), ask)
 
     def _specs(self, job: Job, slots: list, prepared: Prepared,
                plan: ResumePlan | None) -> list[RunSpec]:
         """Each rank's spec: the same run, its own rank (in the spec and in its group's)."""
-        key = self._group_key(slots, job.opts.collective_timeout)
-        store = self._store_for(slots, key)
-        receiver = self._receiver_for(slots)
+        key = self.engines.group_key(slots, job.opts.collective_timeout)
+        store = self.rendezvous.store_for(slots, key)
+        receiver = self.rendezvous.receiver_for(slots)
         opts = job.opts
         checkpoint = None
         if job.lineage is not None:
             checkpoint = CheckpointSpec(job.lineage.key, job.lineage.every, job.lineage.directory,
-                                        resume=plan, control=self._control_path(job))
+                                        resume=plan, control=self.recovery.control_path(job))
         return [RunSpec(run_id=job.run_id, rank=r, world_size=len(slots), body=job.body,
                         names=tuple(sorted(prepared.blobs)),
                         group=GroupSpec(key=key, rank=r, world_size=len(slots), store=store,
@@ -302,14 +251,7 @@ class FitRunner(Recovery):
 
     def _stash(self, slots: list, prepared: Prepared) -> None:
         """Send each engine the shipped objects it does not hold yet (by content hash)."""
-        need: dict[str, tuple[str, bytes]] = {}
-        targets = []
-        for slot in slots:
-            held = self._sent.get(slot.slot_id, {})
-            missing = {n: (h, prepared.blobs[n]) for n, h in prepared.hashes.items() if held.get(n) != h}
-            if missing or set(held) - set(prepared.hashes):
-                need.update(missing)
-                targets.append(slot)
+        need, targets = self.engines.objects_to_ship(slots, prepared.hashes, prepared.blobs)
         if targets:
             try:
                 self.cluster.client[[s.engine_id for s in targets]].apply_async(
@@ -319,8 +261,7 @@ class FitRunner(Recovery):
                 failed = gone or [slots.index(targets[0])]
                 raise fault_of(self.cluster, slots, {r: exc for r in failed},
                                "the run was starting (sending its data)") from None
-            for slot in targets:
-                self._sent[slot.slot_id] = dict(prepared.hashes)
+            self.engines.shipped(targets, prepared.hashes)
 
 
 def _exact_steps(tracker: RunTracker, results: dict[int, RankResult]) -> dict[int, int]:
@@ -328,37 +269,6 @@ def _exact_steps(tracker: RunTracker, results: dict[int, RankResult]) -> dict[in
     for rank, res in results.items():  # the engines' own counts are exact
         steps[rank] = max(steps.get(rank, 0), res.steps)
     return steps
-
-
-def tcp_store_on(bind_ip: str) -> Any:
-    """A TCPStore server listening on ``bind_ip`` only.  Given a host name, torch's server binds
-    every interface; handed a socket already bound to one address, it listens there."""
-    import datetime
-    import socket
-
-    import torch.distributed as dist
-
-    family = socket.AF_INET6 if ":" in bind_ip else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((bind_ip, 0))
-        sock.listen(512)
-        port = sock.getsockname()[1]
-        store = dist.TCPStore(bind_ip, port, None, True, wait_for_workers=False,
-                              timeout=datetime.timedelta(seconds=300),
-                              master_listen_fd=sock.fileno(), use_libuv=True)
-    except BaseException:
-        sock.close()
-        raise
-    sock.detach()  # the store's server owns the descriptor now and closes it
-    return store
-
-
-def _remote_address(slots: list) -> str:
-    """An engine address off this host: the kernel advertises its address on the route there
-    (a local engine would give loopback, which the others cannot reach)."""
-    return next((s.address for s in slots if not is_local(s)), slots[0].address)
 
 
 def _checkpoint_manifest(lineage: Lineage | None, results: dict[int, RankResult]) -> dict | None:

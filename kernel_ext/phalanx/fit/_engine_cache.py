@@ -1,0 +1,93 @@
+"""What the kernel knows the engines already hold, so that re-running a cell costs little.
+
+An :class:`EngineSetCache` remembers, between runs, which process group each engine holds (and
+with which members and collective deadline it was formed), which shipped objects each engine
+holds (by content hash), and the package versions the engines reported for a cluster layout.
+Groups and shipped objects are keyed by slot id, not engine id: a new cluster numbers its
+engines from 0 again, and its engines hold neither the old group nor the old shipped objects.
+
+Example::
+
+    cache = EngineSetCache("phx-1a2b3c4d")
+    key = cache.group_key(slots, timeout_s=300.0)   # warm key, or a new one (the group re-forms)
+    need, targets = cache.objects_to_ship(slots, prepared.hashes, prepared.blobs)
+    cache.shipped(targets, prepared.hashes)
+    cache.group_formed(slots, key)                  # or group_torn_down(slots) after a failure
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Callable, Hashable, Mapping
+
+
+class EngineSetCache:
+    """Per engine slot: the group it holds and the objects shipped to it; per layout: versions."""
+
+    def __init__(self, key_prefix: str) -> None:
+        self._key_prefix = key_prefix  # unique to this kernel's runner: keys never collide
+        self._formations = itertools.count(1)
+        self._groups: dict[str, str] = {}             # slot id -> key of the group it holds
+        self._members: dict[str, tuple] = {}          # group key -> (slot ids by rank, deadline)
+        self._shipped: dict[str, dict[str, str]] = {}  # slot id -> {shipped name: content hash}
+        self._versions: dict[Hashable, list[dict]] = {}  # cluster layout -> engines' versions
+
+    # --- process groups ---------------------------------------------------------------------
+
+    def group_key(self, slots: list, timeout_s: float) -> str:
+        """The warm group's key when exactly these engines hold it with this collective
+        deadline (torch builds the deadline into the group), else a new one (re-form)."""
+        members = tuple(s.slot_id for s in slots)
+        held = {self._groups.get(slot_id) for slot_id in members}
+        if len(held) == 1:
+            warm = held.pop()
+            if warm is not None and self._members.get(warm) == (members, timeout_s):
+                return warm
+        key = f"{self._key_prefix}-{next(self._formations)}-w{len(members)}"
+        self._members[key] = (members, timeout_s)
+        return key
+
+    def group_formed(self, slots: list, key: str) -> None:
+        """These engines hold a working group ``key``: the next run on them can reuse it."""
+        for slot in slots:
+            self._groups[slot.slot_id] = key
+
+    def group_torn_down(self, slots: list) -> None:
+        """These engines hold no working group (failed ranks tear theirs down; a resize changes
+        it): the next run on them forms a new one."""
+        for slot in slots:
+            self._groups.pop(slot.slot_id, None)
+
+    # --- shipped objects --------------------------------------------------------------------
+
+    def objects_to_ship(self, slots: list, hashes: Mapping[str, str],
+                        blobs: Mapping[str, bytes]) -> tuple[dict[str, tuple[str, bytes]], list]:
+        """What to send, and to which slots: the objects some engine lacks (or holds another
+        version of), and every engine that lacks one or holds one this run no longer ships."""
+        need: dict[str, tuple[str, bytes]] = {}
+        targets = []
+        for slot in slots:
+            held = self._shipped.get(slot.slot_id, {})
+            missing = {n: (h, blobs[n]) for n, h in hashes.items() if held.get(n) != h}
+            if missing or set(held) - set(hashes):
+                need.update(missing)
+                targets.append(slot)
+        return need, targets
+
+    def shipped(self, slots: list, hashes: Mapping[str, str]) -> None:
+        """These engines now hold exactly the objects ``hashes`` names."""
+        for slot in slots:
+            self._shipped[slot.slot_id] = dict(hashes)
+
+    # --- package versions -------------------------------------------------------------------
+
+    def versions(self, layout: Hashable, ask: Callable[[], list[dict]]) -> list[dict]:
+        """The engines' package versions for this cluster layout, asked for (``ask``) only the
+        first time; a report ``ask`` refuses by raising is not remembered."""
+        if layout not in self._versions:
+            self._versions[layout] = ask()
+        return self._versions[layout]
+
+    def forget_versions(self) -> None:
+        """Ask the engines for their versions again at the next run."""
+        self._versions.clear()
