@@ -18,6 +18,7 @@ import pytest
 from IPython.core.error import UsageError
 
 from conftest import run_cell
+from machine_lock import machine_wide
 from test_reliability_helpers import (figures, listening_sockets, wait_for,  # noqa: F401
                                       when_rank_logged)
 from test_reliability_netns import BODY
@@ -84,6 +85,11 @@ def hosts(tmp_path_factory):
     if shutil.which("ip") is None or shutil.which("sshd") is None or shutil.which("ssh") is None:
         pytest.skip("needs iproute2 and openssh (client and server): make test installs them")
     folder = tmp_path_factory.mktemp("ssh")
+    with machine_wide("ssh-hosts"):  # fixed names and addresses: one run at a time per machine
+        yield from _hosts(folder)
+
+
+def _hosts(folder):
     _teardown_network()
     try:
         _build_network()

@@ -18,6 +18,7 @@ import time
 import psutil
 import pytest
 
+from machine_lock import machine_wide
 from test_reliability_helpers import alive, figures, listening_sockets  # noqa: F401
 
 pytestmark = pytest.mark.cluster
@@ -59,14 +60,15 @@ def namespaces():
         pytest.skip("needs root: the test creates network namespaces and a bridge")
     if shutil.which("ip") is None:
         pytest.skip("needs iproute2's `ip` command to create network namespaces")
-    _teardown_network()  # leftovers of an interrupted earlier run
-    try:
-        _build_network()
-    except subprocess.CalledProcessError as exc:
+    with machine_wide("netns"):  # fixed names and addresses: one run at a time per machine
+        _teardown_network()  # leftovers of an interrupted earlier run
+        try:
+            _build_network()
+        except subprocess.CalledProcessError as exc:
+            _teardown_network()
+            pytest.skip(f"cannot create network namespaces here: {exc.stderr.strip()}")
+        yield NAMESPACES
         _teardown_network()
-        pytest.skip(f"cannot create network namespaces here: {exc.stderr.strip()}")
-    yield NAMESPACES
-    _teardown_network()
 
 
 def _start_engine(ns: str, address: str, connection_file: str, log) -> subprocess.Popen:
