@@ -146,6 +146,19 @@ def _history(d: dict) -> list[dict]:
     window = long["window_to_pandas_s"]["median"]
     rows.append(_row("history", "one rank's 100k-step window, to_pandas (s)", window, "< 1 s",
                      window < 1, f"all of one rank's rows: {long['one_rank_columns_s']:.2f} s"))
+    stream = d.get("stream") or {}
+    if stream:
+        # The bound holds when ten times the logging rate brings the panel about as many rows.
+        low, high = stream["1000"]["thinned"], stream["10000"]["thinned"]
+        growth = high["panel_rows_per_rank_per_s"] / low["panel_rows_per_rank_per_s"]
+        for rate, both in stream.items():
+            rows.append(_row("history", f"panel stream at 8 ranks x {int(rate):,} log()/s: bytes vs every row",
+                             both["ratio_bytes"], "reported", None,
+                             f"{both['thinned']['panel_rows_per_rank_per_s']:.0f} rows per rank and second "
+                             "reach the panel"))
+        rows.append(_row("history", "panel rows per rank and second, 10x the logging rate", growth,
+                         "< 1.5x", growth < 1.5, f"{low['panel_rows_per_rank_per_s']:.0f} -> "
+                         f"{high['panel_rows_per_rank_per_s']:.0f}"))
     return rows
 
 

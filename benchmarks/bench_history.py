@@ -10,6 +10,11 @@
 3. A long history (10M rows; 2M with ``--quick``) fed through the run tracker's receiving path:
    RSS growth, then ``to_pandas`` of one rank's 100k-step window read back from disk (target
    < 1 s) and a full pass over one rank's rows.
+4. The live stream to a lab panel: rows and bytes of JSON a panel receives for 8 ranks logging
+   1,000 and 10,000 times a second each (10 s of simulated time through the real run tracker,
+   digest and lab comm; the comm and the clock are stand-ins).  Baseline: every row, as the
+   panel got them before the stream was thinned, measured in the same run.  Target: the rows a
+   panel gets per rank and second do not grow with the logging rate.
 
     python benchmarks/bench_history.py --json OUT.json [--quick]
 """
@@ -106,6 +111,98 @@ def long_history(rows_total: int) -> dict:
         shutil.rmtree(directory, ignore_errors=True)
 
 
+class _Panel:
+    """Stands in for a panel's comm and for the kernel's comm manager: records what is sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict] = []
+        self.targets: dict = {}
+
+    def register_target(self, name, opened) -> None:
+        self.targets[name] = opened
+
+    def unregister_target(self, name, opened) -> None:
+        self.targets.pop(name, None)
+
+    def on_msg(self, callback) -> None:
+        pass
+
+    def on_close(self, callback) -> None:
+        pass
+
+    def send(self, data) -> None:
+        self.sent.append(data)
+
+    def close(self) -> None:
+        pass
+
+
+class _Clock:
+    """Simulated time for the lab comm's throttle: timers fire as time is advanced."""
+
+    def __init__(self) -> None:
+        self.now, self.timers = 0.0, []
+
+    def schedule(self, delay, fn):
+        self.timers.append((self.now + delay, fn))
+        return lambda: None
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+        due = [t for t in self.timers if t[0] <= self.now]
+        self.timers = [t for t in self.timers if t[0] > self.now]
+        for _, fn in due:
+            fn()
+
+
+def panel_stream(per_rank_per_s: int, thinned: bool, seconds: int = 10) -> dict:
+    """What one panel receives while 8 ranks log ``per_rank_per_s`` rows a second each."""
+    import json
+
+    import numpy as np
+
+    from phalanx import _labcomm, events
+    from phalanx._session import Session
+    from phalanx.events import COMM_TARGET
+    from phalanx.fit._tracker import RunTracker
+
+    directory = tempfile.mkdtemp(prefix="phalanx-bench-stream-")
+    thin = _labcomm.thin_metrics
+    if not thinned:
+        _labcomm.thin_metrics = lambda event: event   # every row, as before
+    try:
+        session, panel, clock = Session(), _Panel(), _Clock()
+        lab = _labcomm.LabComm(session, comm_manager=panel, create_comm=lambda **kw: _Panel(),
+                               clock=lambda: clock.now, schedule=clock.schedule)
+        lab.register()
+        panel.targets[COMM_TARGET](panel, {"content": {"data": {}}})
+        tracker = RunTracker("stream-1", RANKS, None, session.events.emit, history_dir=directory)
+        session.events.emit(events.run_started("stream-1", RANKS, None, "allreduce"))
+        rng, tick = np.random.default_rng(0), per_rank_per_s // 10
+        started = time.process_time()
+        for k in range(seconds * 10):   # a publish every 0.1 s, as the tracker's thread does
+            steps = range(k * tick, (k + 1) * tick)
+            for rank in range(RANKS):
+                values = rng.random((tick, 2)).tolist()
+                tracker.on_batch({"rank": rank, "step": steps[-1], "rows": [
+                    [s, 1e9 + s * 1e-3, {"loss": v[0], "acc": v[1]}] for s, v in zip(steps, values)]})
+            tracker.publish()
+            clock.advance(0.1)
+        tracker.drain()
+        clock.advance(1.0)
+        cpu = time.process_time() - started
+        lab.close()
+        sent = [m for m in panel.sent if m["type"] == "metrics"]
+        rows = sum(len(m["rows"]) for m in sent)
+        return {"logged_rows": RANKS * seconds * 10 * tick, "panel_rows": rows,
+                "panel_rows_per_rank_per_s": rows / RANKS / seconds,
+                "panel_bytes": sum(len(json.dumps(m)) for m in sent), "messages": len(sent),
+                "kernel_cpu_s": cpu}
+    finally:
+        _labcomm.thin_metrics = thin
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 def _time(fn) -> float:
     started = time.perf_counter()
     fn()
@@ -126,6 +223,8 @@ def main(argv: list[str] | None = None) -> dict:
     data["bytes_per_row"] = memory_per_row(held, total)
     data["baseline_bytes_per_row"] = memory_per_row(DictRows, total)
     data["long"] = long_history(2_000_000 if args.quick else 10_000_000)
+    data["stream"] = {str(rate): {"thinned": panel_stream(rate, True), "every_row": panel_stream(rate, False)}
+                      for rate in (1_000, 10_000)}
     for size in ("50", "2500"):
         mine, base = data["append_rows_per_s"][size]["median"], data["baseline_rows_per_s"][size]["median"]
         data[f"ratio_append_vs_dicts_{size}"] = mine / base
@@ -137,6 +236,13 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"{long['rows'] / 1e6:.0f}M rows: RSS +{long['rss_growth_mb']:.0f} MB, fed in {long['feed_s']:.1f} s, "
           f"one rank's window to_pandas {long['window_to_pandas_s']['median'] * 1e3:.0f} ms, "
           f"one rank's columns {long['one_rank_columns_s'] * 1e3:.0f} ms")
+    for rate, both in data["stream"].items():
+        mine, base = both["thinned"], both["every_row"]
+        both["ratio_bytes"] = mine["panel_bytes"] / base["panel_bytes"]
+        print(f"panel stream, 8 ranks x {int(rate):,} log()/s: {mine['panel_rows_per_rank_per_s']:.0f} rows "
+              f"per rank and second, {mine['panel_bytes'] / 1e6:.2f} MB in 10 s "
+              f"(every row: {base['panel_rows_per_rank_per_s']:.0f}, {base['panel_bytes'] / 1e6:.2f} MB; "
+              f"{both['ratio_bytes']:.3f}x the bytes)")
     save("history", data, args.json)
     return data
 
