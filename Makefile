@@ -8,6 +8,9 @@ PIP    := $(PY) -m pip --disable-pip-version-check
 STAMP  := $(VENV)/.phalanx-installed
 # The slowest tests are listed at the end of every run: where the suite's time goes.
 PYTEST_ARGS ?= --durations=30
+# Test modules run on parallel workers (one per CPU, at most 4), a module's tests together on one
+# worker so its cluster or JupyterLab is started once.  PYTEST_WORKERS= runs them one by one.
+PYTEST_WORKERS ?= -n logical --maxprocesses=4 --dist loadfile
 
 .PHONY: setup lab lab-command test demo bench chaos notebooks screenshots links chromium cluster-daemons clean
 
@@ -61,7 +64,7 @@ test: setup chromium cluster-daemons
 	$(PY) -m mypy
 	cd labextension && ../$(VENV)/bin/jlpm install --immutable && ../$(VENV)/bin/jlpm typecheck \
 		&& ../$(VENV)/bin/jlpm format:check && ../$(VENV)/bin/jlpm test
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 demo: setup
 	$(PY) notebooks/demo.py

@@ -19,6 +19,17 @@ import pytest
 signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def pytest_collection_modifyitems(items):
+    """Modules with slow tests first (stable otherwise).  ``make test`` runs modules on parallel
+    workers, each taking the next module as it finishes one: a slow module started last would
+    leave one worker running alone at the end while the other idles."""
+    def has_slow(item) -> bool:
+        return item.get_closest_marker("slow") is not None
+
+    slow_modules = {item.module.__name__ for item in items if has_slow(item)}
+    items.sort(key=lambda item: item.module.__name__ not in slow_modules)
+
+
 @pytest.fixture(scope="session")
 def shell():
     """One IPython shell for the test session (IPython's shell is a process singleton)."""

@@ -19,7 +19,7 @@ from slurm_support import SlurmCluster, ensure_packages
 from test_fit import LOOP, SETUP, _params, _reference
 from test_reliability_helpers import figures  # noqa: F401
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from test_reliability_helpers import (figures, listening_sockets, wait_for,  # n
                                       when_rank_logged)
 from test_reliability_netns import BODY
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 BRIDGE, HERE, NS, THERE = "phx-sbr", "10.214.0.1", "phx-ssh", "10.214.0.2"
 NOBODY = "10.214.0.9"  # on the bridge's network, but no host answers there

@@ -8,8 +8,10 @@ the issue's (e.g. "errors within 10 s"), generous for a loaded 2-core machine.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import struct
 import threading
 import time
 from pathlib import Path
@@ -28,12 +30,15 @@ def figures():
     if not measured:
         return
     FIGURES.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        saved = json.loads(FIGURES.read_text())
-    except (FileNotFoundError, ValueError):
-        saved = {}
-    saved.update(measured)
-    FIGURES.write_text(json.dumps(saved, indent=2, sort_keys=True))
+    # Parallel test workers each save their own figures into the one file: merge under a lock.
+    with open(FIGURES.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            saved = json.loads(FIGURES.read_text())
+        except (FileNotFoundError, ValueError):
+            saved = {}
+        saved.update(measured)
+        FIGURES.write_text(json.dumps(saved, indent=2, sort_keys=True))
 
 
 def wait_for(predicate, timeout: float, interval: float = 0.02, what: str = "condition"):
@@ -99,6 +104,23 @@ def alive(procs) -> list[int]:
         except psutil.NoSuchProcess:
             pass
     return out
+
+
+def shm_segments_of(pids: set[int]) -> list[str]:
+    """phalanx's shared-memory segments created by one of ``pids`` (the creator's pid is the
+    second word of a segment's header): another test run's segments on the machine are not ours."""
+    found = []
+    for name in os.listdir("/dev/shm"):
+        if not name.startswith("phx_"):
+            continue
+        try:
+            with open(f"/dev/shm/{name}", "rb") as f:
+                header = f.read(16)
+        except OSError:
+            continue  # unlinked meanwhile, or another user's
+        if len(header) == 16 and struct.unpack("qq", header)[1] in pids:
+            found.append(name)
+    return found
 
 
 def write_sitecustomize(folder: Path, monkeypatch, body: str) -> None:

@@ -16,7 +16,8 @@ import time
 import psutil
 import pytest
 
-from test_reliability_helpers import alive, descendants, figures, listening_sockets  # noqa: F401
+from test_reliability_helpers import (  # noqa: F401
+    alive, descendants, figures, listening_sockets, shm_segments_of)
 
 pytestmark = pytest.mark.cluster
 
@@ -24,11 +25,11 @@ CYCLES = 20
 BODY = "from phalanx import allreduce\ntotal = allreduce(1.0, op='sum')\n"
 
 
-def _footprint() -> dict:
+def _footprint(engine_pids: set[int]) -> dict:
     me = psutil.Process()
     return {"children": len(descendants()), "fds": me.num_fds(), "threads": me.num_threads(),
             "listening": len(listening_sockets([me.pid])), "rss_mb": me.memory_info().rss / 2**20,
-            "shm_segments": len([n for n in os.listdir("/dev/shm") if n.startswith("phx_")])}
+            "shm_segments": len(shm_segments_of(engine_pids))}
 
 
 @pytest.mark.slow
@@ -39,6 +40,7 @@ def test_twenty_start_run_stop_cycles_do_not_grow_the_kernel(figures):
 
     session = Session()
     marks: dict[int, dict] = {}
+    engine_pids: set[int] = set()  # every cycle's: their segments must all be gone
     started = time.monotonic()
     try:
         for cycle in range(1, CYCLES + 1):
@@ -47,10 +49,11 @@ def test_twenty_start_run_stop_cycles_do_not_grow_the_kernel(figures):
             session.distributed_fit(BODY, FitOptions.build(returns="total", widget=False), ns)
             assert ns["total"] == 2.0
             pids = [p for pids in session.cluster.process_ids().values() for p in pids]
+            engine_pids.update(pids)
             session.stop_cluster()
             gone = [psutil.Process(p) for p in pids if psutil.pid_exists(p)]
             assert not alive(psutil.wait_procs(gone, timeout=10)[1])
-            marks[cycle] = _footprint()
+            marks[cycle] = _footprint(engine_pids)
             print(f"cycle {cycle}: {time.monotonic() - started:.1f} s {marks[cycle]}", flush=True)
     finally:
         session.close()

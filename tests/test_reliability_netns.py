@@ -21,7 +21,7 @@ import pytest
 from machine_lock import machine_wide
 from test_reliability_helpers import alive, figures, listening_sockets  # noqa: F401
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 BRIDGE, KERNEL_IP = "phx-br", "10.213.0.1"
 NAMESPACES = {"phx-a": "10.213.0.2", "phx-b": "10.213.0.3"}

@@ -20,7 +20,7 @@ import pytest
 
 from test_reliability_helpers import alive, figures, wait_for  # noqa: F401
 from test_reliability_lifecycle import _start_kernel, execute
-from test_reliability_restarts import _segments_of
+from test_reliability_helpers import shm_segments_of
 
 pytestmark = pytest.mark.cluster
 
@@ -109,13 +109,13 @@ def test_killed_kernel_leaves_no_process_scratch_dir_or_segment(tmp_path, figure
         kernel_pid = km.provisioner.pid
         seen += psutil.Process(kernel_pid).children(recursive=True)
         pids = {p.pid for p in seen}
-        assert _scratch_dirs(tmp_path, kernel_pid) and _segments_of(pids) == [segment]
+        assert _scratch_dirs(tmp_path, kernel_pid) and shm_segments_of(pids) == [segment]
         roles = sorted(_roles(seen).values())
         assert roles.count("warden") == 1 and roles.count("engine") == 2, roles
         assert roles.count("nanny") == 2 and roles.count("controller") >= 2, roles
 
         killed = _kill_and_wait(km, seen, figures, "orphans_killed_kernel")
-        wait_for(lambda: not _scratch_dirs(tmp_path, kernel_pid) and not _segments_of(pids),
+        wait_for(lambda: not _scratch_dirs(tmp_path, kernel_pid) and not shm_segments_of(pids),
                  GONE_S, interval=0.05, what="the kernel's scratch directory and segment removed")
         figures["orphans_killed_kernel_files_gone_s"] = round(time.monotonic() - killed, 2)
 

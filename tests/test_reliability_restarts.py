@@ -10,16 +10,15 @@ from __future__ import annotations
 import getpass
 import os
 import signal
-import struct
 import time
 
 import psutil
 import pytest
 
-from test_reliability_helpers import alive, figures, wait_for  # noqa: F401
+from test_reliability_helpers import alive, figures, shm_segments_of, wait_for  # noqa: F401
 from test_reliability_lifecycle import _start_kernel, execute
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 LIFETIMES = 10
 RUN = "%%distributed_fit --no-widget\nfrom phalanx import allreduce\nallreduce(1.0)\n"
@@ -76,19 +75,5 @@ def test_ten_kernel_lifetimes_leave_nothing_behind(tmp_path, figures):
     cache = f"torchinductor_{getpass.getuser()}"
     leftovers = sorted(n for n in os.listdir(tmp) if n != cache)
     assert leftovers == [], leftovers
-    assert _segments_of({p.pid for p in processes}) == []
+    assert shm_segments_of({p.pid for p in processes}) == []
 
-
-def _segments_of(pids: set[int]) -> list[str]:
-    """phalanx's shared-memory segments created by one of ``pids`` (the creator's pid is the
-    second word of a segment's header)."""
-    found = []
-    for name in os.listdir("/dev/shm"):
-        try:
-            with open(f"/dev/shm/{name}", "rb") as f:
-                header = f.read(16)
-        except OSError:
-            continue  # unlinked meanwhile, or another user's
-        if name.startswith("phx_") and len(header) == 16 and struct.unpack("qq", header)[1] in pids:
-            found.append(name)
-    return found

@@ -30,7 +30,7 @@ from conftest import run_cell
 from test_reliability_helpers import figures, listening_sockets, wait_for  # noqa: F401
 from test_reliability_lifecycle import _start_kernel, execute
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 LOOPBACK = ("127.0.0.1", "::1")
 
