@@ -8,6 +8,7 @@ the kernel's waiter and error report read the results.
 from __future__ import annotations
 
 import pickle
+import signal
 import types
 
 import cloudpickle
@@ -157,7 +158,11 @@ def test_the_waiter_turns_the_ranks_outcomes_into_the_attempts_status(outcomes, 
 
 def test_an_engine_answers_a_spec_it_cannot_run_with_a_result_not_an_exception():
     # The shipped object the spec names was never stashed: the rank fails before any group forms.
-    result = run_cell(spec_for(0, names=("never_shipped",)), None)
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        result = run_cell(spec_for(0, names=("never_shipped",)), None)
+    finally:  # run_cell makes its interrupt gate the process's SIGINT handler, as on an engine:
+        signal.signal(signal.SIGINT, previous)  # left in place, it would swallow later Ctrl-C
     assert isinstance(result, RankResult) and result.outcome is Outcome.RAISED
     assert result.error == "RuntimeError" and "never_shipped" in result.message
     assert result.steps == 0 and result.wall_s is not None and result.ended_at > 0
