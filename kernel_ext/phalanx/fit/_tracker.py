@@ -45,12 +45,14 @@ class RunTracker:
         self.parts_series = PartsSeries()  # the step parts through the run, at bounded size
         self.steps = {r: 0 for r in range(world_size)}
         self.final: set[int] = set()
+        self._batches = 0  # batches arrived: wait_final's "still coming" signal
         self.warnings: list[str] = []
         self.started = time.time()
         self._meters = {r: RateMeter() for r in range(world_size)}
         self._emit = emit
         self._published = 0
         self._lock = threading.Lock()
+        self._arrived = threading.Condition(self._lock)  # wakes wait_final on every batch
         self._publish_lock = threading.Lock()
         self._stop = threading.Event()
         self._publisher = threading.Thread(target=self._publish_loop, daemon=True,
@@ -76,6 +78,8 @@ class RunTracker:
             self.warnings.extend(message.get("warnings", []))
             if message.get("final"):
                 self.final.add(rank)
+            self._batches += 1
+            self._arrived.notify_all()
 
     def rewind(self, step: int, world_size: int) -> None:
         """A new attempt resumes at ``step`` (after a restart or a resize), maybe on another
@@ -94,13 +98,16 @@ class RunTracker:
         working through a backlog of rows (a loop logging tens of thousands of rows a second)
         keeps waiting as long as rows keep coming, so none is dropped.
         """
-        seen, quiet_since = len(self.history), time.monotonic()
-        while not set(ranks) <= self.final:
-            if len(self.history) != seen:
-                seen, quiet_since = len(self.history), time.monotonic()
-            elif time.monotonic() - quiet_since > timeout:
-                return False
-            time.sleep(0.005)
+        wanted = set(ranks)
+        with self._arrived:  # woken by each batch: a run's end costs no polling delay
+            seen, quiet_since = self._batches, time.monotonic()
+            while not wanted <= self.final:
+                if self._batches != seen:
+                    seen, quiet_since = self._batches, time.monotonic()
+                left = timeout - (time.monotonic() - quiet_since)
+                if left <= 0:
+                    return False
+                self._arrived.wait(left)
         return True
 
     def progress_rows(self) -> list[dict]:
