@@ -23,7 +23,7 @@ class Prepared:
 
     blobs: dict[str, bytes]
     hashes: dict[str, str]
-    shard_blobs: list[bytes]
+    shard_blobs: list[dict[str, bytes]]  # per rank: each shard's part, pickled
     data_manifest: dict[str, dict] = field(default_factory=dict)
     strategy: str | None = None   # the shipped notebook name --sync refers to, if it is one
 
@@ -42,8 +42,6 @@ def describe(value: Any) -> dict:
 
 def prepare(body: str, opts: FitOptions, user_ns: Mapping[str, Any], world_size: int) -> Prepared:
     """Resolve, check, shard and pickle what the cell needs."""
-    import cloudpickle
-
     missing = [s for s in opts.shard if s not in user_ns]
     if missing:
         raise NameError(f"--shard names {', '.join(map(repr, missing))}, not defined in the notebook")
@@ -56,15 +54,14 @@ def prepare(body: str, opts: FitOptions, user_ns: Mapping[str, Any], world_size:
     parts = {s: split_rows(s, v, world_size) for s, v in shards.items()}
     blobs = {name: pack(name, value) for name, value in shipped.items()}
     hashes = {name: content_hash(blob) for name, blob in blobs.items()}
-    shard_blobs = []
-    for rank in range(world_size):
-        mine = {s: parts[s][rank] for s in parts}
-        for s, part in mine.items():
-            pack(f"{s} (rank {rank}'s shard)", part)  # names the culprit if it cannot be sent
-        shard_blobs.append(cloudpickle.dumps(mine))
+    # Each rank's part of each shard is pickled once, for both its rank and the shard's hash: a
+    # large dataset is not serialised again for checking, sending and hashing.
+    part_blobs = {s: [pack(f"{s} (rank {r}'s shard)", part) for r, part in enumerate(rows)]
+                  for s, rows in parts.items()}
+    shard_blobs = [{s: part_blobs[s][rank] for s in part_blobs} for rank in range(world_size)]
     data = {name: {**describe(user_ns[name]), "hash": hashes[name]} for name in blobs}
     for s, value in shards.items():
-        data[s] = {**describe(value), "hash": content_hash(cloudpickle.dumps(value)),
+        data[s] = {**describe(value), "hash": content_hash(b"".join(part_blobs[s])),
                    "sharded": True}
     return Prepared(blobs, hashes, shard_blobs, data, strategy)
 

@@ -46,7 +46,7 @@ def cached_hashes() -> dict[str, str]:
     return {name: h for name, (h, _) in engine_state().cache.items()}
 
 
-def run_cell(spec: RunSpec, shard_blob: bytes | None) -> RankResult:
+def run_cell(spec: RunSpec, shard_blobs: dict[str, bytes] | None) -> RankResult:
     """Run the cell body as rank ``spec.rank``; returns how it ended.
 
     The kernel's interrupt is raised only while the run can act on it (see ``_interrupts``):
@@ -54,7 +54,7 @@ def run_cell(spec: RunSpec, shard_blob: bytes | None) -> RankResult:
     gate = InterruptGate()
     gate.install_open()
     try:
-        return _run_cell(spec, shard_blob, gate)
+        return _run_cell(spec, shard_blobs, gate)
     except KeyboardInterrupt:  # landed in the instant between the run's end and the gate closing
         return RankResult(Outcome.INTERRUPTED, error="KeyboardInterrupt",
                           message="interrupted while returning")
@@ -62,7 +62,7 @@ def run_cell(spec: RunSpec, shard_blob: bytes | None) -> RankResult:
         gate.close()
 
 
-def _run_cell(spec: RunSpec, shard_blob: bytes | None, gate: InterruptGate) -> RankResult:
+def _run_cell(spec: RunSpec, shard_blobs: dict[str, bytes] | None, gate: InterruptGate) -> RankResult:
     import cloudpickle
 
     started = time.time()
@@ -72,7 +72,7 @@ def _run_cell(spec: RunSpec, shard_blob: bytes | None, gate: InterruptGate) -> R
     profiler = None
     namespace = None
     try:
-        namespace = _namespace(spec, shard_blob)
+        namespace = _namespace(spec, shard_blobs)
         group = _ensure_group(state, spec)
         share_cores(group.spec.hosts, spec.rank)
         run = _new_run(spec, group, namespace)
@@ -165,7 +165,7 @@ def _shielded(fn: Any, *args: Any) -> None:
             return
 
 
-def _namespace(spec: RunSpec, shard_blob: bytes | None) -> dict:
+def _namespace(spec: RunSpec, shard_blobs: dict[str, bytes] | None) -> dict:
     import cloudpickle
 
     cache = engine_state().cache
@@ -174,8 +174,8 @@ def _namespace(spec: RunSpec, shard_blob: bytes | None) -> dict:
         if name not in cache:
             raise RuntimeError(f"shipped object {name!r} is missing on this engine; re-run the cell")
         namespace[name] = cloudpickle.loads(cache[name][1])
-    if shard_blob is not None:
-        namespace.update(cloudpickle.loads(shard_blob))
+    for name, part in (shard_blobs or {}).items():
+        namespace[name] = cloudpickle.loads(part)
     return namespace
 
 
