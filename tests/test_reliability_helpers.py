@@ -19,6 +19,11 @@ from pathlib import Path
 import psutil
 import pytest
 
+from phalanx.runtime.transport._shm_segment import PREFIX, W_PID
+
+# The header words read to find a segment's creator.
+HEADER_WORDS = W_PID + 1
+
 FIGURES = Path(__file__).resolve().parents[1] / "test-artifacts" / "reliability-figures.json"
 
 
@@ -107,18 +112,18 @@ def alive(procs) -> list[int]:
 
 
 def shm_segments_of(pids: set[int]) -> list[str]:
-    """phalanx's shared-memory segments created by one of ``pids`` (the creator's pid is the
-    second word of a segment's header): another test run's segments on the machine are not ours."""
+    """phalanx's shared-memory segments created by one of ``pids`` (the creator's pid is a word of
+    a segment's header): another test run's segments on the machine are not ours."""
     found = []
     for name in os.listdir("/dev/shm"):
-        if not name.startswith("phx_"):
+        if not name.startswith(PREFIX):
             continue
         try:
             with open(f"/dev/shm/{name}", "rb") as f:
-                header = f.read(16)
+                header = f.read(HEADER_WORDS * 8)
         except OSError:
             continue  # unlinked meanwhile, or another user's
-        if len(header) == 16 and struct.unpack("qq", header)[1] in pids:
+        if len(header) == HEADER_WORDS * 8 and struct.unpack(f"{HEADER_WORDS}q", header)[W_PID] in pids:
             found.append(name)
     return found
 

@@ -61,7 +61,7 @@ def prepare(body: str, opts: FitOptions, user_ns: Mapping[str, Any], world_size:
     shard_blobs = [{s: part_blobs[s][rank] for s in part_blobs} for rank in range(world_size)]
     data = {name: {**describe(user_ns[name]), "hash": hashes[name]} for name in blobs}
     for s, value in shards.items():
-        data[s] = {**describe(value), "hash": content_hash(b"".join(part_blobs[s])),
+        data[s] = {**describe(value), "hash": content_hash(*part_blobs[s]),
                    "sharded": True}
     return Prepared(blobs, hashes, shard_blobs, data, strategy)
 

@@ -73,8 +73,12 @@ def resolve_names(body: str, user_ns: Mapping[str, Any], injected: Iterable[str]
     return shipped
 
 
-def content_hash(blob: bytes) -> str:
-    return hashlib.blake2b(blob, digest_size=16).hexdigest()
+def content_hash(*blobs: bytes) -> str:
+    """The hash of the blobs' concatenation, without building it (a shard's parts can be large)."""
+    digest = hashlib.blake2b(digest_size=16)
+    for blob in blobs:
+        digest.update(blob)
+    return digest.hexdigest()
 
 
 def pack(name: str, value: Any) -> bytes:

@@ -84,12 +84,16 @@ class Waiter:
     def _nap(self, pending: set[int]) -> None:
         """Sleep up to POLL_S, woken as soon as a pending rank's result arrives (ipyparallel's
         results are futures), so a run's end costs no polling delay."""
+        if not pending:
+            return  # every result is in: the loop ends
         waiting = [self.ars[r] for r in pending if not self.ars[r].done()]
         if waiting:
             concurrent.futures.wait(waiting, timeout=POLL_S,
                                     return_when=concurrent.futures.FIRST_COMPLETED)
         else:
-            time.sleep(POLL_S)
+            # A result whose future is done is marked ready by a callback that runs just after:
+            # wait for that (AsyncResult.wait) rather than a whole POLL_S.
+            self.ars[min(pending)].wait(POLL_S)
 
     def _should_release(self, failed: list[RankResult], pending: set[int], failed_at: float) -> bool:
         # A rank released by a peer's failure reports a collective error; the peer that failed
