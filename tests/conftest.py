@@ -55,6 +55,16 @@ def run_cell(shell, source: str):
     return result.result
 
 
+def held_until(gate, body: str, limit_s: float = 300.0) -> str:
+    """``body`` preceded by a wait for the file ``gate`` to exist (at most ``limit_s``).  A test
+    that acts while a run is still going creates the file once it has acted, instead of betting
+    that a number of steps outlasts its actions on a busy machine."""
+    return (f"import os as _os, time as _time\n"
+            f"_until = _time.monotonic() + {limit_s}\n"
+            f"while not _os.path.exists({str(gate)!r}) and _time.monotonic() < _until:\n"
+            f"    _time.sleep(0.02)\n" + body)
+
+
 def engine_pids(session) -> list[int]:
     return [s.pid for s in session.cluster.slots() if s.pid]
 

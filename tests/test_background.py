@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import run_cell
+from conftest import held_until, run_cell
 from IPython.core.error import UsageError
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -23,13 +23,14 @@ for i in range(STEPS):
 """
 
 
-def test_a_background_run_returns_at_once_and_lands_its_returns(two_engines, shell):
+def test_a_background_run_returns_at_once_and_lands_its_returns(two_engines, shell, tmp_path):
     import phalanx
 
     run_cell(shell, "STEPS = 60")
+    gate = tmp_path / "release"  # the run trains only once the checks made while it runs are done
     asked = time.monotonic()
     run = run_cell(shell, "%%distributed_fit --background --name bg-run --return w --no-widget\n"
-                          + LOOP + "w = rank + 41\n")
+                          + held_until(gate, LOOP) + "w = rank + 41\n")
     returned_s = time.monotonic() - asked
     try:
         assert run.status == "running" and run.name == "bg-run"
@@ -43,8 +44,10 @@ def test_a_background_run_returns_at_once_and_lands_its_returns(two_engines, she
             run_cell(shell, "%%distributed_fit --no-widget\nfrom phalanx import allreduce\nallreduce(1.0)\n")
         with pytest.raises(RuntimeError, match="has not ended yet"):
             run.result("w")
+        gate.touch()
         record = run.wait(timeout=120)
     finally:
+        gate.touch()
         run.stop()
         _settle(run)
     assert record.status == "done" and run.status == "done"

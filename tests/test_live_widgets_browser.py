@@ -18,7 +18,10 @@ Kernel-side facts are read from the kernel (a cell), not from the widgets.
 
 from __future__ import annotations
 
+import tempfile
 import time
+import uuid
+from pathlib import Path
 
 import pytest
 from browser_support import (  # noqa: F401  (fixtures)
@@ -33,6 +36,7 @@ from browser_support import (  # noqa: F401  (fixtures)
     wait_for_kernel_idle,
     write_notebook,
 )
+from conftest import held_until
 from test_live_browser import _start_cell
 
 pytestmark = [pytest.mark.browser, pytest.mark.cluster, pytest.mark.slow]
@@ -40,6 +44,9 @@ pytestmark = [pytest.mark.browser, pytest.mark.cluster, pytest.mark.slow]
 # At 0.05 s a step, at least 75 s: every foreground run here is ended early by Stop run, and
 # the elastic run must outlast a third engine starting on a busy machine.
 STEPS = 1500
+# The background run trains only once this file exists: the test creates it after the cells it
+# runs beside the run, so "still running" does not depend on how busy the machine is.
+BG_GATE = Path(tempfile.gettempdir()) / f"phalanx-test-bg-gate-{uuid.uuid4().hex[:8]}"
 FACTS_SOURCE = ("import phalanx\ns = phalanx.get_session(); r = s.last_run()\n"
                 "print(r.name, r.status, s.cluster.size, sorted(k for k, v in r.steps.items() if v))")
 CELLS = [
@@ -51,7 +58,7 @@ CELLS = [
     f"%%distributed_fit --name fixed-run --steps {STEPS}\n" + training_loop(STEPS),
     FACTS_SOURCE,
     "%%distributed_fit --name bg-run --steps 200 --background --return net\n"
-    + training_loop(200),
+    + held_until(BG_GATE, training_loop(200)),
     "1 + 1",
     "bg = phalanx.runs()[-1]\nprint(bg.status)",
     "record = bg.wait(timeout=300)\nprint(record.status, type(net).__name__, bg.result('net') is net)",
@@ -165,9 +172,15 @@ def _widget_minus_queued_on_fixed_run(page, widget) -> None:
 def _background_run(page) -> None:
     """--background returns at once; 1 + 1 meanwhile; wait() brings the record and ``net``."""
     run_cell(page, BACKGROUND)
-    assert run_cell(page, ONE_PLUS_ONE).strip() == "2"
-    assert run_cell(page, BG_STATUS).strip() == "running"
-    assert run_cell(page, WAIT, timeout_ms=360_000).split() == ["done", "Linear", "True"]
+    try:
+        assert run_cell(page, ONE_PLUS_ONE).strip() == "2"
+        assert run_cell(page, BG_STATUS).strip() == "running"
+    finally:
+        BG_GATE.touch()  # released either way: a failed check must not leave the run waiting
+    try:
+        assert run_cell(page, WAIT, timeout_ms=360_000).split() == ["done", "Linear", "True"]
+    finally:
+        BG_GATE.unlink(missing_ok=True)
     page.wait_for_function(
         "i => JSON.stringify(window.jupyterapp.shell.currentWidget.content.widgets[i]"
         ".model.outputs.toJSON()).includes('net now in the namespace')",
