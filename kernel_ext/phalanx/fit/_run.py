@@ -161,8 +161,11 @@ class FitRunner:
         except BaseException:
             self.engines.group_torn_down(slots)
             raise
+        # A rank whose process was killed or replaced sends no final batch: waiting for one
+        # would add the whole quiet deadline to the error's arrival.
         job.tracker.wait_final([r for r, res in results.items() if res.outcome not in
-                                (Outcome.DIED, Outcome.CONTROLLER_LOST)], 2.0)
+                                (Outcome.DIED, Outcome.STOPPED, Outcome.UNRESPONSIVE,
+                                 Outcome.CONTROLLER_LOST)], 2.0)
         # Failed ranks tore their group down, and a resize changes it: everyone re-forms next time.
         if status == "done":
             self.engines.group_formed(slots, key)
