@@ -74,6 +74,40 @@ def test_scale_and_restart_with_crashing_engines_fail_fast(two_engines, shell, t
     _next_run_works(shell, session)
 
 
+def test_an_engine_that_exits_before_its_start_returns_still_fails_fast(two_engines, tmp_path,
+                                                                        monkeypatch):
+    """On a loaded machine the broken engine can be gone before the launcher's start call
+    returns (a restart once waited out the whole 60 s registration timeout that way): force
+    that order, and the scale still fails at once, naming the cause."""
+    from phalanx.cluster import ClusterError
+
+    session = two_engines
+    manager = session.cluster
+    ids = manager.engine_ids()
+    write_sitecustomize(tmp_path, monkeypatch, CRASH)
+    monkeypatch.setenv("PHALANX_TEST_CRASH", "1")
+    start_set = manager._start_set
+    exited = []
+
+    def start_and_wait_for_exit(set_id, count, env):
+        start_set(set_id, count, env)
+        engine_set = manager._cluster.engines[set_id]
+        deadline = time.monotonic() + 30
+        while engine_set.state != "after" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        exited.append((engine_set.state == "after", time.monotonic()))
+
+    monkeypatch.setattr(manager, "_start_set", start_and_wait_for_exit)
+    with pytest.raises(ClusterError, match="exited before registering"):
+        session.scale(3)
+    (gone, returned_at), = exited
+    verdict_s = time.monotonic() - returned_at
+    assert gone  # the order under test did happen
+    # Before, the exit went unnoticed and the wait ran out its 60 s timeout.
+    assert verdict_s < 15, verdict_s
+    assert manager.engine_ids() == ids and [s.state for s in manager.slots()] == ["idle", "idle"]
+
+
 def test_version_skew_refuses_the_run_and_lists_versions_per_engine(two_engines, shell, tmp_path,
                                                                     monkeypatch):
     import cloudpickle

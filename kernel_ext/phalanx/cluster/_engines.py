@@ -30,10 +30,11 @@ class EngineStartMixin(ManagerState):
 
     def _add_engines(self, count: int, replacing: list[str] | None = None) -> None:
         """Start ``count`` engines, wait for them, identify and pin them, rank them."""
-        new_slots = self._launch(count)
+        new_slots: list[EngineSlot] = []
         try:
+            self._launch(count, new_slots)
             self._await_registration(new_slots)
-        except BaseException:
+        except BaseException:  # a set that failed to start too: none of this call's is left
             self._stop_sets({s.engine_set_id for s in new_slots})
             with self._lock:
                 for s in new_slots:
@@ -53,23 +54,27 @@ class EngineStartMixin(ManagerState):
             self.generation += 1
         self._on_change()
 
-    def _launch(self, count: int) -> list[EngineSlot]:
+    def _launch(self, count: int, slots: list[EngineSlot]) -> None:
+        """Start ``count`` engines, adding their slots to ``slots`` as they are registered.
+
+        A slot is registered *before* its set starts: an engine that exits at once (a broken
+        environment) is marked dead by the set's stop callback, which may fire before the start
+        call returns; finding no slot then, it would leave the wait for registration to run its
+        whole timeout."""
         assert self._runner is not None and self._cluster is not None
-        slots: list[EngineSlot] = []
         if self._launcher.one_set_per_engine:
             first_rank = self.size
             devices = assign_devices(self.gpu_spec, [socket.gethostname()] * (first_rank + count),
                                      {socket.gethostname(): self._gpus})[first_rank:]
             for device in devices:
                 slot_id = f"slot-{next(self._ids)}"
-                self._start_set(slot_id, 1, {"PHALANX_SLOT": slot_id, **pinning_env(device)})
                 slots.append(self._register_slot(EngineSlot(slot_id, slot_id, device)))
+                self._start_set(slot_id, 1, {"PHALANX_SLOT": slot_id, **pinning_env(device)})
         else:
             set_id = f"set-{next(self._ids)}"
-            self._start_set(set_id, count, {"PHALANX_SET": set_id})
             for i in range(count):
                 slots.append(self._register_slot(EngineSlot(f"{set_id}.{i}", set_id)))
-        return slots
+            self._start_set(set_id, count, {"PHALANX_SET": set_id})
 
     def _register_slot(self, slot: EngineSlot) -> EngineSlot:
         with self._lock:

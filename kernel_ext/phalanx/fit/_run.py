@@ -19,7 +19,7 @@ import uuid
 from typing import Any, Callable
 
 from .. import events
-from ..runtime import CheckpointSpec, GroupSpec, Outcome, RankResult, ResumePlan, RunSpec, \
+from ..runtime import CheckpointSpec, GroupSpec, RankResult, ResumePlan, RunSpec, \
     run_cell, stash_objects
 from ._checkpoints import Lineage, choose_lineage, warn_if_unused
 from ._control import RunControl
@@ -163,9 +163,8 @@ class FitRunner:
             raise
         # A rank whose process was killed or replaced sends no final batch: waiting for one
         # would add the whole quiet deadline to the error's arrival.
-        job.tracker.wait_final([r for r, res in results.items() if res.outcome not in
-                                (Outcome.DIED, Outcome.STOPPED, Outcome.UNRESPONSIVE,
-                                 Outcome.CONTROLLER_LOST)], 2.0)
+        job.tracker.wait_final([r for r, res in results.items() if not res.outcome.kernel_made],
+                               2.0)
         # Failed ranks tore their group down, and a resize changes it: everyone re-forms next time.
         if status == "done":
             self.engines.group_formed(slots, key)

@@ -89,6 +89,17 @@ class Outcome(enum.Enum):
     UNRESPONSIVE = "unresponsive"        # it ignored an interrupt; its engine was restarted (kernel-made)
     CONTROLLER_LOST = "controller_lost"  # the cluster's controller exited first (kernel-made)
 
+    @property
+    def kernel_made(self) -> bool:
+        """The kernel's account of a rank whose process is gone or was never heard from: that
+        process sends nothing more (no result, no final metrics batch), so nothing waits for it.
+        A new outcome of that kind must be added here."""
+        return self in _KERNEL_MADE
+
+
+_KERNEL_MADE = frozenset({Outcome.DIED, Outcome.STOPPED, Outcome.UNRESPONSIVE,
+                          Outcome.CONTROLLER_LOST})
+
 
 @dataclass(frozen=True)
 class RankResult:
