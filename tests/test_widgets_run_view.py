@@ -182,6 +182,47 @@ def test_run_display_shows_the_live_view_in_a_widget_frontend(monkeypatch):
     assert shown.finish() is None            # the run left no record: no summary of another run
 
 
+def test_a_cell_that_logs_nothing_gets_no_plot_and_a_late_metric_still_draws_one(monkeypatch):
+    """Building and sending the plot costs ~0.3 s of kernel CPU, more than a short run: a cell
+    without a log() call shows a placeholder instead, replaced by the plot if metrics come
+    (log() called from a notebook function), and saying so if none came."""
+    from phalanx.widgets._run_view import RunView, calls_log
+
+    assert calls_log("loss = f(x)\nlog(loss=loss.item())") and calls_log("phalanx.log (a=1)")
+    assert not calls_log("opt.step()\ncatalog(1)\nlogits = model(X)")
+    monkeypatch.setattr(_frontend, "widgets_available", lambda shell: True)
+    session = SimpleNamespace(events=EventBus(), last_record=None)
+    tracker = SimpleNamespace(run_id="r-3", world_size=2, total_steps=None)
+    quiet = RunDisplay(session, None, widget=True, show=lambda view: None, body="opt.step()")
+    quiet.start(tracker, "run-3")
+    view = quiet.view
+    assert view.plot is None and "waiting for the first" in view.widget.children[-1].value
+    quiet.finish()
+    assert view.plot is None and "no metrics" in view.widget.children[-1].value
+
+    late = RunView("r-4", "run-4", world_size=2, total_steps=None, plot_ahead=False)
+    late.handle(metrics_event("r-4", rows((0, 1, {"loss": 1.0}), (1, 1, {"loss": 3.0}))))
+    late.finish(fake_record("r-4", steps={0: 1, 1: 1}))
+    assert late.plot is not None and late.widget.children[-1] is late.plot.model
+    assert late.plot.lines[("loss", MEAN)].values() == [2.0]
+    logging = RunDisplay(session, None, widget=True, show=lambda view: None, body="log(loss=1)")
+    logging.start(SimpleNamespace(run_id="r-5", world_size=2, total_steps=None), "run-5")
+    assert logging.view.plot is not None       # built before the run, as before
+
+
+def test_the_end_of_a_run_renders_the_plot_again_only_when_it_changed():
+    plot = _plot.LivePlot(world_size=1)
+    rendered = plot.model.render_bundle
+    plot.refresh()                              # nothing was sent since the first render
+    assert plot.model.render_bundle is rendered and not plot.model.patched
+    plot.extend({"loss": {0: ([1, 2], [1.0, 0.5])}})
+    assert plot.model.patched
+    plot.refresh()                              # a reloaded page starts from the points drawn
+    assert plot.model.render_bundle is not rendered and not plot.model.patched
+    assert '"shape": [2]' not in json.dumps(rendered)                    # empty lines at first
+    assert '"shape": [2]' in json.dumps(plot.model.render_bundle)        # both points now
+
+
 def test_zooming_a_finished_plot_redraws_the_window_at_full_resolution(monkeypatch):
     from phalanx.fit._digest import window_points
 

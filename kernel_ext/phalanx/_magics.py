@@ -180,7 +180,7 @@ class PhalanxMagics(Magics):
     def _fit(self, cell: str, opts: FitOptions, started: Any = None) -> Any:
         from .widgets import RunDisplay  # bokeh and ipywidgets: loaded on the first run, not at %load_ext
 
-        shown = RunDisplay(self.session, self.ipython, widget=opts.widget)
+        shown = RunDisplay(self.session, self.ipython, widget=opts.widget, body=cell)
 
         def on_start(tracker: Any, name: str) -> None:
             shown.start(tracker, name)

@@ -38,6 +38,7 @@ class BatchedBokehModel(BokehModel):
     def __init__(self, model: Any, **kwargs: Any) -> None:
         self._held: list | None = None
         self._hold_all = False
+        self.patched = False  # whether the document changed since it was last rendered whole
         super().__init__(model, **kwargs)
 
     def update_from_model(self, model: Any) -> None:
@@ -46,6 +47,7 @@ class BatchedBokehModel(BokehModel):
         # Every model now present was just sent whole: mark them synced, or the next patch
         # would serialize the entire document again (jupyter_bokeh leaves them "new").
         self._document.models.flush_synced()
+        self.patched = False
 
     @contextmanager
     def batched(self, everything: bool = False) -> Iterator[None]:
@@ -68,6 +70,7 @@ class BatchedBokehModel(BokehModel):
     def _document_patched(self, event: Any) -> None:  # called by bokeh for every document event
         if event.setter is self:
             return
+        self.patched = True
         if self._held is not None:
             if self._hold_all or isinstance(event, (ColumnsStreamedEvent, ColumnsPatchedEvent)):
                 self._held.append(event)

@@ -7,7 +7,7 @@ after a failed or interrupted run, whose curves are worth keeping too.
 
 Example::
 
-    shown = RunDisplay(session, shell, widget=opts.widget)
+    shown = RunDisplay(session, shell, widget=opts.widget, body=cell)
     try:
         session.distributed_fit(body, opts, user_ns, on_start=shown.start)
     finally:
@@ -22,6 +22,7 @@ import logging
 from typing import Any, Callable
 
 from . import _frontend
+from ._run_view import calls_log
 from ._summary import RunSummary
 from ._text import TextProgress
 
@@ -38,9 +39,12 @@ class RunDisplay:
     """Live view or text progress of one run, then its summary."""
 
     def __init__(self, session: Any, shell: Any = None, widget: bool = True,
-                 show: Callable[[Any], None] | None = None) -> None:
+                 show: Callable[[Any], None] | None = None, body: str | None = None) -> None:
         self.session, self.shell = session, shell
         self.live = bool(widget) and _frontend.widgets_available(shell)
+        # Build the metric plot before the run only for a cell that calls log() (the body,
+        # when the caller gives it); otherwise on the first metrics, if any come.
+        self.plot_ahead = body is None or calls_log(body)
         self.view: Any = None
         self.run_id: str | None = None
         self._show = show if show is not None else _display
@@ -56,7 +60,8 @@ class RunDisplay:
                 from ._run_view import RunView
 
                 self.view = RunView.for_tracker(
-                    tracker, name, on_stop=lambda: self.session.stop_run("Stop under the cell"))
+                    tracker, name, on_stop=lambda: self.session.stop_run("Stop under the cell"),
+                    plot_ahead=self.plot_ahead)
                 self._loader = load_bokehjs(self.shell)
                 self._show(self.view)
             else:

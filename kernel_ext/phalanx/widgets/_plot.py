@@ -30,6 +30,7 @@ LEGEND_MAX_RANKS = 8   # beyond this a per-rank legend hides the plot; the mean 
 MAX_POINTS = 4000      # drawn per line, whatever the run's length (see Line)
 MARKERS_UP_TO = 50     # points on a line before its markers are hidden
 _HEIGHT = 280
+WAITING_HTML = "<i>waiting for the first <code>log()</code> call…</i>"
 
 
 class Line:
@@ -220,7 +221,7 @@ class LivePlot:
         self._first: MetricPanel | None = MetricPanel(world_size)
         self.tabs = Tabs(tabs=[TabPanel(child=self._first.scales, title="")], visible=False,
                          sizing_mode="stretch_width")
-        self._waiting = Div(text="<i>waiting for the first <code>log()</code> call…</i>")
+        self._waiting = Div(text=WAITING_HTML)
         self.root = column(self._waiting, self.tabs, sizing_mode="stretch_width")
         self.model = BatchedBokehModel(self.root)
 
@@ -254,14 +255,16 @@ class LivePlot:
         return 0 if line is None else len(line)
 
     def refresh(self) -> None:
-        """Send the whole document again (once, at the end of a run).
+        """Send the whole document again (once, at the end of a run), if it changed.
 
         jupyter_bokeh delivers updates only to views that exist when they are sent; a view drawn
         later (a reloaded page) or one that missed early updates starts from the document sent
-        here.  This re-renders the plot, so it is done once, not per update.
+        here.  This re-renders the plot (~0.1 s), so it is done once, not per update, and not
+        at all when no update was sent since the last render.
         """
         with self._lock:
-            self.model.update_from_model(self.root)
+            if self.model.patched:
+                self.model.update_from_model(self.root)
 
     def _add_metric(self, name: str) -> None:
         from bokeh.models import TabPanel

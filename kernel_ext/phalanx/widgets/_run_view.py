@@ -23,12 +23,13 @@ Example::
 from __future__ import annotations
 
 import html
+import re
 import threading
 import time
 from typing import Any, Callable, Mapping
 
 from ._format import DOT, fmt_duration, fmt_rate, overall
-from ._plot import MAX_POINTS, LivePlot
+from ._plot import MAX_POINTS, WAITING_HTML, LivePlot
 from ._progress import ProgressPanel
 from ._series import Points, SeriesBuilder, merge
 from ._throttle import CpuBudget
@@ -40,6 +41,15 @@ from ._throttle import CpuBudget
 CPU_SHARE = 0.005
 CPU_BURST_S = 0.03      # a first metric's relabel passes; a new one's figures (~0.1 s) pause ~15 s
 UPDATE_INTERVAL_S = 0.1
+NOTHING_LOGGED_HTML = ("<i>no metrics: call <code>log(loss=...)</code> in the cell to plot them "
+                       "live</i>")
+_LOG_CALL = re.compile(r"\blog\s*\(")
+
+
+def calls_log(body: str) -> bool:
+    """Whether a cell body visibly calls ``log(...)`` (``phalanx.log`` or ``log`` imported from
+    it; ``torch.log`` counts too, which only builds the plot ahead as before)."""
+    return _LOG_CALL.search(body) is not None
 
 
 class RunView:
@@ -47,7 +57,7 @@ class RunView:
 
     def __init__(self, run_id: str, name: str, world_size: int, total_steps: int | None,
                  clock: Callable[[], float] = time.monotonic,
-                 on_stop: Callable[[], Any] | None = None) -> None:
+                 on_stop: Callable[[], Any] | None = None, plot_ahead: bool = True) -> None:
         import ipywidgets as w
 
         self.run_id, self.name, self.world_size = run_id, name, world_size
@@ -62,9 +72,13 @@ class RunView:
         answer_where_sent(getattr(self.stop_button, "comm", None))  # clicked during the run
         self.progress = ProgressPanel(world_size, total_steps)
         self.series = SeriesBuilder(world_size)
-        self.plot = LivePlot(world_size)
+        # The plot costs ~0.3 s of kernel CPU to build and send, more than a short run itself:
+        # a cell that does not call log() gets a one-line placeholder, and the plot only if
+        # metrics arrive after all (log() called from a notebook function).
+        self.plot: LivePlot | None = LivePlot(world_size) if plot_ahead else None
+        self._placeholder = w.HTML(WAITING_HTML)
         self.widget = w.VBox([w.HBox([self.header, self.stop_button]), self.progress.widget,
-                              self.plot.model])
+                              self.plot.model if self.plot is not None else self._placeholder])
         self.rows_seen = 0
         self.cpu_s = 0.0  # CPU time the live updates took (what the budget bounds)
         self._clock, self._started = clock, clock()
@@ -77,9 +91,11 @@ class RunView:
         self._show_header()
 
     @classmethod
-    def for_tracker(cls, tracker: Any, name: str, on_stop: Callable[[], Any] | None = None) -> "RunView":
+    def for_tracker(cls, tracker: Any, name: str, on_stop: Callable[[], Any] | None = None,
+                    plot_ahead: bool = True) -> "RunView":
         """The view of the run ``tracker`` follows (what ``on_start`` receives)."""
-        return cls(tracker.run_id, name, tracker.world_size, tracker.total_steps, on_stop=on_stop)
+        return cls(tracker.run_id, name, tracker.world_size, tracker.total_steps, on_stop=on_stop,
+                   plot_ahead=plot_ahead)
 
     def _stop(self) -> None:
         # Only asks: the run's wait loop stops every rank at its next poll.
@@ -120,7 +136,9 @@ class RunView:
         """The run is over: final means, the engines' exact step counts, the final state."""
         with self._lock:
             self._apply()
-            self.plot.extend(self.series.flush())
+            last = self.series.flush()
+            if last:
+                self._plot().extend(last)
             if record is not None:
                 self._status, self._wall = record.status, record.wall_s
                 self.progress.finish(record.steps, record.status)
@@ -128,6 +146,9 @@ class RunView:
                 self._status = "stopped"
             self._show_header()
             self.stop_button.layout.display = "none"
+            if self.plot is None:
+                self._placeholder.value = NOTHING_LOGGED_HTML
+                return
             self.plot.refresh()
             if record is not None:  # zooming in now shows every logged point of the window
                 from ..fit._digest import window_points
@@ -135,11 +156,20 @@ class RunView:
                 self.plot.zoom_from(lambda name, key, start, end:
                                     window_points(record.history, name, key, start, end, MAX_POINTS))
 
+    def _plot(self) -> LivePlot:
+        """The plot, built (in place of the placeholder) when the first points arrive."""
+        if self.plot is None:
+            self.plot = LivePlot(self.world_size)
+            children = list(self.widget.children)
+            children[children.index(self._placeholder)] = self.plot.model
+            self.widget.children = tuple(children)
+        return self.plot
+
     def _apply(self) -> None:
         events, self._inbox = self._inbox, []
         points, self._points = self._points, {}
         if points:
-            self.plot.extend(points)
+            self._plot().extend(points)
         latest = [e for e in events if e.get("type") == "progress"][-1:]
         if latest:
             self._ranks = list(latest[0]["ranks"])
