@@ -182,32 +182,57 @@ def test_run_display_shows_the_live_view_in_a_widget_frontend(monkeypatch):
     assert shown.finish() is None            # the run left no record: no summary of another run
 
 
-def test_a_cell_that_logs_nothing_gets_no_plot_and_a_late_metric_still_draws_one(monkeypatch):
-    """Building and sending the plot costs ~0.3 s of kernel CPU, more than a short run: a cell
-    without a log() call shows a placeholder instead, replaced by the plot if metrics come
-    (log() called from a notebook function), and saying so if none came."""
-    from phalanx.widgets._run_view import RunView, calls_log
+def test_a_plot_not_built_ahead_appears_once_the_run_has_trained_a_while():
+    """Building and sending the plot costs ~0.3 s of kernel CPU, more than a short run: without
+    it a view shows a placeholder, replaced by the plot with every point so far once the run
+    has trained PLOT_AFTER_S; a run over sooner keeps the placeholder (its summary has the
+    curves)."""
+    from phalanx.widgets._run_view import PLOT_AFTER_S, RunView
+
+    clock = FakeClock()
+    view = RunView("r-4", "run-4", world_size=2, total_steps=None, clock=clock, plot_ahead=False)
+    assert view.plot is None and "waiting for the first" in view.widget.children[-1].value
+    view.handle(metrics_event("r-4", rows((0, 1, {"loss": 1.0}), (1, 1, {"loss": 3.0}))))
+    view.handle(progress_event("r-4", [rank_progress(0, 1), rank_progress(1, 1)]))
+    assert view.plot is None and view.progress.bars[0].value == 1     # progress shows at once
+    clock.now = PLOT_AFTER_S + 1
+    view.handle(metrics_event("r-4", rows((0, 2, {"loss": 0.5}), (1, 2, {"loss": 1.5}))))
+    view.handle(progress_event("r-4", [rank_progress(0, 2), rank_progress(1, 2)]))
+    assert view.plot is not None and view.widget.children[-1] is view.plot.model
+    view.finish(fake_record("r-4", steps={0: 2, 1: 2}))
+    assert view.plot.lines[("loss", MEAN)].values() == [2.0, 1.0]
+
+    short = RunView("r-5", "run-5", world_size=2, total_steps=None, clock=FakeClock(),
+                    plot_ahead=False)
+    short.handle(metrics_event("r-5", rows((0, 1, {"loss": 1.0}), (1, 1, {"loss": 3.0}))))
+    short.finish(fake_record("r-5", steps={0: 1, 1: 1}))
+    assert short.plot is None and "summary" in short.widget.children[-1].value
+    silent = RunView("r-6", "run-6", world_size=2, total_steps=None, plot_ahead=False)
+    silent.finish(fake_record("r-6", steps={0: 1, 1: 1}))
+    assert silent.plot is None and "no metrics" in silent.widget.children[-1].value
+
+
+def test_the_plot_is_built_ahead_for_a_logging_cell_unless_its_last_run_was_short(monkeypatch):
+    from phalanx.widgets._run_view import calls_log
 
     assert calls_log("loss = f(x)\nlog(loss=loss.item())") and calls_log("phalanx.log (a=1)")
     assert not calls_log("opt.step()\ncatalog(1)\nlogits = model(X)")
     monkeypatch.setattr(_frontend, "widgets_available", lambda shell: True)
     session = SimpleNamespace(events=EventBus(), last_record=None)
-    tracker = SimpleNamespace(run_id="r-3", world_size=2, total_steps=None)
-    quiet = RunDisplay(session, None, widget=True, show=lambda view: None, body="opt.step()")
-    quiet.start(tracker, "run-3")
-    view = quiet.view
-    assert view.plot is None and "waiting for the first" in view.widget.children[-1].value
-    quiet.finish()
-    assert view.plot is None and "no metrics" in view.widget.children[-1].value
 
-    late = RunView("r-4", "run-4", world_size=2, total_steps=None, plot_ahead=False)
-    late.handle(metrics_event("r-4", rows((0, 1, {"loss": 1.0}), (1, 1, {"loss": 3.0}))))
-    late.finish(fake_record("r-4", steps={0: 1, 1: 1}))
-    assert late.plot is not None and late.widget.children[-1] is late.plot.model
-    assert late.plot.lines[("loss", MEAN)].values() == [2.0]
-    logging = RunDisplay(session, None, widget=True, show=lambda view: None, body="log(loss=1)")
-    logging.start(SimpleNamespace(run_id="r-5", world_size=2, total_steps=None), "run-5")
-    assert logging.view.plot is not None       # built before the run, as before
+    def run(body, run_id, wall_s):
+        shown = RunDisplay(session, None, widget=True, show=lambda view: None, body=body)
+        shown.start(SimpleNamespace(run_id=run_id, world_size=2, total_steps=None), run_id)
+        session.last_record = fake_record(run_id, steps={0: 1, 1: 1})
+        session.last_record.wall_s = wall_s
+        shown.finish()
+        return shown.view.plot is not None
+
+    logging = "opt.step()\nlog(loss=1.0)"
+    assert not run("opt.step()", "r-7", 0.1)                 # calls no log(): no plot ahead
+    assert run(logging, "r-8", 0.1)                          # first run of a logging cell
+    assert not run(logging, "r-9", 30.0)                     # its last run was over at once
+    assert run(logging, "r-10", 0.1)                         # ... and this one's was long
 
 
 def test_the_end_of_a_run_renders_the_plot_again_only_when_it_changed():

@@ -22,11 +22,15 @@ import logging
 from typing import Any, Callable
 
 from . import _frontend
-from ._run_view import calls_log
+from ._run_view import PLOT_AFTER_S, calls_log
 from ._summary import RunSummary
 from ._text import TextProgress
 
 log = logging.getLogger("phalanx")
+
+# Each cell body's last run's wall time in this kernel (by the body's hash), the most recent few.
+_LAST_WALL: dict[int, float] = {}
+_LAST_WALL_KEPT = 256
 
 
 def _display(obj: Any) -> None:
@@ -42,9 +46,13 @@ class RunDisplay:
                  show: Callable[[Any], None] | None = None, body: str | None = None) -> None:
         self.session, self.shell = session, shell
         self.live = bool(widget) and _frontend.widgets_available(shell)
-        # Build the metric plot before the run only for a cell that calls log() (the body,
-        # when the caller gives it); otherwise on the first metrics, if any come.
-        self.plot_ahead = body is None or calls_log(body)
+        # The metric plot is built before the run only for a cell that calls log() and whose
+        # last run (in this kernel) was not over within seconds; otherwise during the run, once
+        # it has trained a while (see RunView).  Re-running a quick cell then costs no plot.
+        self._body_key = None if body is None else hash(body)
+        last_wall = _LAST_WALL.get(self._body_key) if self._body_key is not None else None
+        self.plot_ahead = body is None or (calls_log(body) and not (
+            last_wall is not None and last_wall < PLOT_AFTER_S))
         self.view: Any = None
         self.run_id: str | None = None
         self._show = show if show is not None else _display
@@ -77,6 +85,11 @@ class RunDisplay:
             self._unsubscribe()
             self._unsubscribe = None
         record = self._record()
+        if record is not None and self._body_key is not None:
+            _LAST_WALL.pop(self._body_key, None)  # re-inserted last: the oldest entry goes first
+            _LAST_WALL[self._body_key] = record.wall_s
+            while len(_LAST_WALL) > _LAST_WALL_KEPT:
+                _LAST_WALL.pop(next(iter(_LAST_WALL)))
         if self.view is not None:
             try:
                 self.view.finish(record)

@@ -41,8 +41,12 @@ from ._throttle import CpuBudget
 CPU_SHARE = 0.005
 CPU_BURST_S = 0.03      # a first metric's relabel passes; a new one's figures (~0.1 s) pause ~15 s
 UPDATE_INTERVAL_S = 0.1
+# A plot not built before the run is built once the run has trained this long: a run that ends
+# sooner shows its curves in the summary only (the plot would cost more than the run).
+PLOT_AFTER_S = 2.0
 NOTHING_LOGGED_HTML = ("<i>no metrics: call <code>log(loss=...)</code> in the cell to plot them "
                        "live</i>")
+IN_SUMMARY_HTML = "<i>the run ended within seconds: its curves are in the summary below</i>"
 _LOG_CALL = re.compile(r"\blog\s*\(")
 
 
@@ -72,10 +76,12 @@ class RunView:
         answer_where_sent(getattr(self.stop_button, "comm", None))  # clicked during the run
         self.progress = ProgressPanel(world_size, total_steps)
         self.series = SeriesBuilder(world_size)
-        # The plot costs ~0.3 s of kernel CPU to build and send, more than a short run itself:
-        # a cell that does not call log() gets a one-line placeholder, and the plot only if
-        # metrics arrive after all (log() called from a notebook function).
+        # The plot costs ~0.3 s of kernel CPU to build and send, more than a short run itself.
+        # Not built ahead (a cell that calls no log(), or one whose last run was short), it is
+        # built once metrics arrive and the run has trained PLOT_AFTER_S; until then, and for a
+        # run that ends sooner, a one-line placeholder stands in its place.
         self.plot: LivePlot | None = LivePlot(world_size) if plot_ahead else None
+        self._over = False  # the run has ended: a plot not built by now never is
         self._placeholder = w.HTML(WAITING_HTML)
         self.widget = w.VBox([w.HBox([self.header, self.stop_button]), self.progress.widget,
                               self.plot.model if self.plot is not None else self._placeholder])
@@ -135,10 +141,11 @@ class RunView:
     def finish(self, record: Any = None) -> None:
         """The run is over: final means, the engines' exact step counts, the final state."""
         with self._lock:
+            self._over = True
             self._apply()
             last = self.series.flush()
-            if last:
-                self._plot().extend(last)
+            if last and self.plot is not None:
+                self.plot.extend(last)
             if record is not None:
                 self._status, self._wall = record.status, record.wall_s
                 self.progress.finish(record.steps, record.status)
@@ -147,7 +154,7 @@ class RunView:
             self._show_header()
             self.stop_button.layout.display = "none"
             if self.plot is None:
-                self._placeholder.value = NOTHING_LOGGED_HTML
+                self._placeholder.value = IN_SUMMARY_HTML if self.series.metrics else NOTHING_LOGGED_HTML
                 return
             self.plot.refresh()
             if record is not None:  # zooming in now shows every logged point of the window
@@ -156,9 +163,10 @@ class RunView:
                 self.plot.zoom_from(lambda name, key, start, end:
                                     window_points(record.history, name, key, start, end, MAX_POINTS))
 
-    def _plot(self) -> LivePlot:
-        """The plot, built (in place of the placeholder) when the first points arrive."""
-        if self.plot is None:
+    def _ready_plot(self) -> LivePlot | None:
+        """The plot to draw points in now: the one that exists, or one built here (in place of
+        the placeholder) because the run has trained long enough for it to be worth it."""
+        if self.plot is None and not self._over and self._clock() - self._started >= PLOT_AFTER_S:
             self.plot = LivePlot(self.world_size)
             children = list(self.widget.children)
             children[children.index(self._placeholder)] = self.plot.model
@@ -167,9 +175,11 @@ class RunView:
 
     def _apply(self) -> None:
         events, self._inbox = self._inbox, []
-        points, self._points = self._points, {}
-        if points:
-            self._plot().extend(points)
+        plot = self._ready_plot() if self._points else None
+        drawn = plot is not None
+        if plot is not None:
+            points, self._points = self._points, {}
+            plot.extend(points)
         latest = [e for e in events if e.get("type") == "progress"][-1:]
         if latest:
             self._ranks = list(latest[0]["ranks"])
@@ -185,7 +195,7 @@ class RunView:
             self.progress.update_times(times[0]["ranks"])
         for ended in (e for e in events if e.get("type") == "run_ended"):
             self._status, self._wall = ended["status"], ended["wall_s"]
-        if events or points:
+        if events or drawn:
             self._show_header()
 
     def _show_header(self) -> None:

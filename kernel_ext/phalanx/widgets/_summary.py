@@ -72,7 +72,12 @@ def curves_png(points: Points, world_size: int, max_panels: int = MAX_PANELS) ->
     names = list(points)[:max_panels]
     cols = min(len(names), 3)
     rows = math.ceil(len(names) / cols)
-    fig = Figure(figsize=(4.2 * cols, 3.0 * rows), dpi=100, layout="constrained")
+    width, height = 4.2 * cols, 3.0 * rows
+    fig = Figure(figsize=(width, height), dpi=100)
+    # Fixed margins, in inches, for tick labels, titles and axis labels: matplotlib's layout
+    # engines cost 0.1 to 0.4 s more per image, paid at the end of every run that logged.
+    fig.subplots_adjust(left=0.7 / width, right=1 - 0.15 / width, bottom=0.5 / height,
+                        top=1 - 0.3 / height, wspace=0.85 / (4.2 - 0.85), hspace=0.8 / (3.0 - 0.8))
     for i, name in enumerate(names):
         _draw_panel(fig.add_subplot(rows, cols, i + 1), name, points[name], world_size)
     buffer = io.BytesIO()
