@@ -27,11 +27,17 @@ class ProgressPanel:
 
     def __init__(self, world_size: int, total_steps: int | None) -> None:
         import ipywidgets as w
+        from ipywidgets.widgets.widget_int import ProgressStyle
+        from ipywidgets.widgets.widget_string import HTMLStyle
 
         self.total_steps = total_steps
         self.bars: list[Any] = []
         self.details: list[Any] = []
         self.widget = w.VBox([])
+        # Every widget opens a comm, and so does each layout and style it creates for itself:
+        # the rows share the ones no row changes (a row's own layout hides it; see show_ranks).
+        self._shared = {"label": w.Layout(width="4.5em"), "bar": w.Layout(width="40%"),
+                        "detail": w.Layout(), "text": HTMLStyle(), "progress": ProgressStyle()}
         self.show_ranks(world_size)
         self.memory: dict[int, Mapping[str, Any]] = {}   # each rank's latest memory sample
         self.times: dict[int, Mapping[str, Any]] = {}    # each rank's time in collectives
@@ -42,14 +48,19 @@ class ProgressPanel:
         ranks; rows of ranks it no longer has are hidden (their last figures kept)."""
         import ipywidgets as w
 
+        shared = self._shared
+        rows = []
         for rank in range(len(self.bars), world_size):
             self.bars.append(w.IntProgress(value=0, min=0, max=self.total_steps or 1,
-                                           bar_style="info", layout=w.Layout(width="40%")))
+                                           bar_style="info", layout=shared["bar"],
+                                           style=shared["progress"]))
             self.details.append(w.HTML(value=self._detail(
-                {"rank": rank, "step": 0, "total": self.total_steps})))
-            label = w.HTML(f"<code>rank {rank}</code>", layout=w.Layout(width="4.5em"))
-            self.widget.children = (*self.widget.children,
-                                    w.HBox([label, self.bars[rank], self.details[rank]]))
+                {"rank": rank, "step": 0, "total": self.total_steps}),
+                layout=shared["detail"], style=shared["text"]))
+            label = w.HTML(f"<code>rank {rank}</code>", layout=shared["label"], style=shared["text"])
+            rows.append(w.HBox([label, self.bars[rank], self.details[rank]]))
+        if rows:
+            self.widget.children = (*self.widget.children, *rows)
         for rank, row in enumerate(self.widget.children):
             row.layout.display = "" if rank < world_size else "none"
 
