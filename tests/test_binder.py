@@ -26,6 +26,11 @@ def test_binder_steps_give_a_working_lab_and_quickstart(tmp_path):
            # Binder downloads the CPU wheel from PyTorch's index; here the local CPU build stands in.
            "PHALANX_TORCH_INSTALL": "torch==2.13.0"}
     env.pop("PYTHONPATH", None)  # nothing from this checkout leaks in: only what postBuild installed
+    # pip compiles every module of every package it installs (about 100 s of CPU here, torch
+    # alone 29 s); the replay leaves that to Python, which compiles the few modules that are
+    # imported on first use and keeps them for the next process.  What is installed is the same.
+    env["PIP_COMPILE"] = "0"
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     source = tmp_path / "repo"
     shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
         ".venv", "node_modules", ".git", "test-artifacts", "executed", "__pycache__", "lib",
