@@ -33,6 +33,19 @@ for _ in range(40):
     time.sleep(0.05)            # ~2 s: the view updates while it trains
 """,
     "%cluster",
+    # log() called from a notebook function: the cell calls none itself, so its live curves are
+    # built during the run, once it has trained 2 s (widgets/_run_view.py, PLOT_AFTER_S).
+    "import torch\nfrom phalanx import log\n\ndef train_step(net, opt):\n    opt.zero_grad()\n"
+    "    loss = ((net(torch.ones(8, 3)) - 1) ** 2).mean()\n    loss.backward()\n    opt.step()\n"
+    "    log(loss=loss.item())",
+    """%%distributed_fit --steps 40 --name lazy-run
+import time, torch
+net = torch.nn.Linear(3, 1)
+opt = torch.optim.SGD(net.parameters(), lr=0.05)
+for _ in range(40):
+    train_step(net, opt)
+    time.sleep(0.1)             # ~4 s: the curves appear after 2 s
+""",
 ]
 
 
@@ -59,6 +72,12 @@ def test_live_view_summary_and_cluster_widget_in_jupyterlab(lab_server, lab_page
     summary = run.locator('img[alt="metric curves of lab-run"]')
     assert summary.count() == 1 and summary.evaluate("img => img.naturalWidth") > 100
     screenshot(lab_page, "widgets-run-view.png")
+
+    lazy = _output(lab_page, 4)   # its curves were built during the run, in the placeholder's place
+    lazy.get_by_text("loss", exact=True).first.wait_for()
+    assert "lazy-run" in lazy.inner_text() and "done" in lazy.inner_text()
+    assert lazy.locator(".bk-Canvas, canvas").count() > 0, errors
+    assert "waiting for the first" not in lazy.inner_text() and "summary below" not in lazy.inner_text()
 
     panel = _output(lab_page, 2)
     panel.get_by_text("cluster: 2 engine(s)").wait_for()
