@@ -199,7 +199,10 @@ def test_a_plot_not_built_ahead_appears_once_the_run_has_trained_a_while():
     view.handle(metrics_event("r-4", rows((0, 2, {"loss": 0.5}), (1, 2, {"loss": 1.5}))))
     view.handle(progress_event("r-4", [rank_progress(0, 2), rank_progress(1, 2)]))
     assert view.plot is not None and view.widget.children[-1] is view.plot.model
-    view.finish(fake_record("r-4", steps={0: 2, 1: 2}))
+    clock.now += 0.2  # building the plot (~0.25 s of CPU) does not hold the next updates back
+    view.handle(progress_event("r-4", [rank_progress(0, 3), rank_progress(1, 3)]))
+    assert view.progress.bars[0].value == 3
+    view.finish(fake_record("r-4", steps={0: 3, 1: 3}))
     assert view.plot.lines[("loss", MEAN)].values() == [2.0, 1.0]
 
     short = RunView("r-5", "run-5", world_size=2, total_steps=None, clock=FakeClock(),
