@@ -36,7 +36,7 @@ CELLS = {
 
 # Timed inside the kernel: one apply to each engine, both awaited (what a run's dispatch does).
 BARE_ROUND_TRIP = """
-import statistics as _st, time as _t
+import time as _t
 _client = __import__("phalanx").get_session().cluster.client
 def _round_trip():
     for _ar in [_client[_i].apply_async(int) for _i in _client.ids]:
@@ -73,21 +73,21 @@ def warm_in_a_kernel(repeats: int) -> dict:
         for setup in ("%load_ext phalanx", "%cluster start -n 2 --gpus none",
                       "import torch\nfrom phalanx import log\nfrom _models import make_mlp, make_data\n"
                       "model = make_mlp()\nX, y = make_data(64)\n"):
-            notebook.wait(notebook.start(setup), timeout=300)
+            notebook.run(setup, timeout=300)
         for code in CELLS.values():  # warm: imports, the process group, the first views
             for _ in range(2):
-                notebook.wait(notebook.start(code), timeout=120)
+                notebook.run(code, timeout=120)
         samples: dict[str, list[float]] = {key: [] for key in CELLS}
         for _ in range(repeats):
             for key, code in CELLS.items():
                 started = time.perf_counter()
-                notebook.wait(notebook.start(code), timeout=120)
+                notebook.run(code, timeout=120)
                 samples[key].append(time.perf_counter() - started)
         bare = json.loads(notebook.evaluate(BARE_ROUND_TRIP.format(repeats=repeats * 2),
                                             "__import__('json').dumps(_samples)").strip("'\""))
-        notebook.wait(notebook.start("%cluster stop"), timeout=120)
+        notebook.run("%cluster stop", timeout=120)
     finally:
-        notebook.connection.close()
+        notebook.close()
         km.shutdown_kernel(now=True)
     return {**{key: stats(values) for key, values in samples.items()},
             "bare_ipyparallel_round_trip_s": stats(bare)}
