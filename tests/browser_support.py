@@ -265,12 +265,35 @@ def run_all_cells(page, timeout_ms: int = 240_000) -> None:
 
     The wait covers every cell, a cluster start included: minutes on a busy machine.
     """
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     execute_command(page, "notebook:run-all-cells")
-    # Every prompt of this notebook shows an execution count: "[*]" means still queued.
-    page.wait_for_function(
-        """() => [...window.jupyterapp.shell.currentWidget.node.querySelectorAll('.jp-InputPrompt')]
-                 .every(p => /\\[\\d+\\]/.test(p.textContent))""", timeout=timeout_ms)
+    try:
+        # Every prompt of this notebook shows an execution count: "[*]" means still queued.
+        page.wait_for_function(
+            """() => [...window.jupyterapp.shell.currentWidget.node.querySelectorAll('.jp-InputPrompt')]
+                     .every(p => /\\[\\d+\\]/.test(p.textContent))""", timeout=timeout_ms)
+    except PlaywrightTimeout:
+        raise AssertionError(f"run all cells did not finish in {timeout_ms / 1000:.0f} s; "
+                             f"cells not done:\n{_unfinished_cells(page)}") from None
     wait_for_kernel_idle(page, timeout_ms)
+
+
+def _unfinished_cells(page) -> str:
+    """Each cell still running or queued: its prompt, its source's first line, its output so
+    far (the evidence of where a run-all hung), with a screenshot saved beside."""
+    try:
+        screenshot(page, "run-all-cells-timeout.png")
+        cells = page.evaluate(
+            """() => window.jupyterapp.shell.currentWidget.content.widgets.map((cell, i) => ({
+                 i, prompt: (cell.node.querySelector('.jp-InputPrompt') || {}).textContent || '',
+                 source: cell.model.sharedModel.getSource().split('\\n')[0],
+                 output: ((cell.node.querySelector('.jp-OutputArea') || {}).innerText || '')
+                         .slice(-600)}))""")
+    except Exception as exc:  # the page may be gone: the timeout is still the failure
+        return f"(the page could not be read: {exc})"
+    return "\n".join(f"cell {c['i']} {c['prompt']} {c['source']!r}: {c['output']!r}"
+                     for c in cells if not re.search(r"\[\d+\]", c["prompt"]))
 
 
 def run_cell(page, index: int, timeout_ms: int = 180_000) -> str:

@@ -62,6 +62,32 @@ def test_live_view_and_summary_of_a_real_two_rank_run(two_engines, shell, live_v
 
 
 @pytest.mark.cluster
+def test_a_cell_calling_log_through_a_function_gets_its_plot_during_the_run(
+        two_engines, shell, live_views, monkeypatch):
+    """The cell calls no log() itself, so its plot is not built ahead: it is built once the run
+    has trained a while, by the cell's own thread in the run's wait loop (where a widget's
+    messages are addressed to the cell), not by the thread that delivers the events."""
+    import threading
+
+    built_on = []
+    real_init = _plot.LivePlot.__init__
+
+    def recording_init(self, *args, **kwargs):
+        built_on.append(threading.current_thread())
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(_plot.LivePlot, "__init__", recording_init)
+    run_cell(shell, "from phalanx import log\ndef report(i):\n    log(loss=1.0 / (i + 1))")
+    with capture_output():
+        run_cell(shell, "%%distributed_fit --name lazy-run\nimport time\n"
+                        "for i in range(30):\n    report(i)\n    time.sleep(0.1)\n")
+    [view] = live_views
+    assert built_on == [threading.current_thread()] and view.widget.children[-1] is view.plot.model
+    logged = [r["loss"] for r in two_engines.last_run().history.rows() if r["rank"] == 0]
+    assert len(logged) == 30 and view.plot.lines[("loss", 0)].values() == logged
+
+
+@pytest.mark.cluster
 def test_no_widget_prints_progress_and_still_keeps_the_summary(two_engines, shell, live_views, capsys):
     run_cell(shell, SETUP)
     with capture_output() as captured:

@@ -215,6 +215,57 @@ def test_a_plot_not_built_ahead_appears_once_the_run_has_trained_a_while():
     assert silent.plot is None and "no metrics" in silent.widget.children[-1].value
 
 
+def test_a_plot_built_during_the_run_is_built_where_the_view_asks_once():
+    """Given ``build_with``, the view hands the build to it (the run's wait loop) once, keeps
+    taking events meanwhile, and the build draws every point that arrived before it ran."""
+    from phalanx.fit._control import RunControl
+    from phalanx.widgets._run_view import PLOT_AFTER_S, RunView
+
+    clock, control = FakeClock(), RunControl()
+    view = RunView("r-11", "run-11", world_size=1, total_steps=None, clock=clock,
+                   plot_ahead=False, build_with=control.call_soon)
+    clock.now = PLOT_AFTER_S + 1
+    for step in (1, 2, 3):
+        view.handle(metrics_event("r-11", rows((0, step, {"loss": 1.0 / step}))))
+        view.handle(progress_event("r-11", [rank_progress(0, step)]))
+        clock.now += 1
+    assert view.plot is None and view.progress.bars[0].value == 3   # asked, not built here
+    control.pump()                                                    # the wait loop's next poll
+    assert view.plot is not None and view.widget.children[-1] is view.plot.model
+    assert view.plot.lines[("loss", MEAN)].values() == [1.0, 0.5, 1.0 / 3]
+    control.pump()                                                    # built once
+    view.handle(metrics_event("r-11", rows((0, 4, {"loss": 0.25}))))
+    view.handle(progress_event("r-11", [rank_progress(0, 4)]))
+    assert view.plot.points("loss", 0) == 4
+
+    asked: list = []
+    late = RunView("r-12", "run-12", world_size=1, total_steps=None, clock=clock,
+                   plot_ahead=False, build_with=asked.append)
+    clock.now += PLOT_AFTER_S + 1
+    late.handle(metrics_event("r-12", rows((0, 1, {"loss": 1.0}))))
+    late.handle(progress_event("r-12", [rank_progress(0, 1)]))
+    assert late.plot is None and len(asked) == 1
+    late.finish(fake_record("r-12", steps={0: 1}))      # over before the loop polled again
+    asked[0]()
+    assert late.plot is None and "summary" in late.widget.children[-1].value
+
+
+def test_tasks_handed_to_the_wait_loop_run_once_and_a_failing_one_ends_nothing(caplog):
+    from phalanx.fit._control import RunControl
+
+    control, ran = RunControl(), []
+    control.call_soon(lambda: ran.append(1))
+    control.call_soon(lambda: 1 / 0)
+    control.call_soon(lambda: ran.append(2))
+    control.pump()
+    control.pump()
+    assert ran == [1, 2] and "ZeroDivisionError" in caplog.text
+    control.call_soon(lambda: ran.append(3))
+    control.begin()                          # asked after the last run's final poll: dropped
+    control.pump()
+    assert ran == [1, 2]
+
+
 def test_the_plot_is_built_ahead_for_a_logging_cell_unless_its_last_run_was_short(monkeypatch):
     from phalanx.widgets._run_view import calls_log
 

@@ -11,12 +11,19 @@ Example::
     control = RunControl()
     control.request_stop("the panel's Stop button")   # from any thread
     control.pump()        # in the wait loop: raises KeyboardInterrupt once
+
+The wait loop also runs work other threads hand it (:meth:`RunControl.call_soon`): it runs on
+the cell's own thread, in the cell's context, where widgets are made and their messages are
+addressed to the cell, while the thread asking (the tracker's publisher) keeps going.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Callable
+
+log = logging.getLogger("phalanx")
 
 Pump = Callable[[], None]
 
@@ -30,11 +37,19 @@ class RunControl:
         self._raised = False
         self.stopped_by: str | None = None   # why the last run was stopped, for its error
         self.message_pump: Pump | None = None  # handles the kernel's pending messages (no subshells)
+        self._soon: list[Callable[[], object]] = []
 
     def begin(self) -> None:
-        """A new run starts: forget the last one's stop."""
+        """A new run starts: forget the last one's stop and what was asked of its wait loop."""
         with self._lock:
             self._stop_reason, self._raised, self.stopped_by = None, False, None
+            self._soon = []
+
+    def call_soon(self, task: Callable[[], object]) -> None:
+        """Run ``task`` in the running run's wait loop, at its next poll (any thread).  A task
+        asked for after the loop's last poll is dropped when the next run begins."""
+        with self._lock:
+            self._soon.append(task)
 
     def request_stop(self, reason: str) -> None:
         """Ask the running run to stop at its wait loop's next poll (any thread)."""
@@ -48,6 +63,13 @@ class RunControl:
         Raises ``KeyboardInterrupt`` once per stop: the wait loop treats it as the person's
         interrupt (releases every rank); a second one would abandon the run.
         """
+        with self._lock:
+            tasks, self._soon = self._soon, []
+        for task in tasks:
+            try:
+                task()
+            except Exception:  # a view's work must not end the run it shows
+                log.exception("phalanx: a task in the run's wait loop failed")
         if self.message_pump is not None:
             self.message_pump()
         with self._lock:

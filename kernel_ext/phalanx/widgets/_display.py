@@ -69,7 +69,8 @@ class RunDisplay:
 
                 self.view = RunView.for_tracker(
                     tracker, name, on_stop=lambda: self.session.stop_run("Stop under the cell"),
-                    plot_ahead=self.plot_ahead)
+                    plot_ahead=self.plot_ahead,
+                    build_with=getattr(self.session, "call_in_wait_loop", None))
                 self._loader = load_bokehjs(self.shell)
                 self._show(self.view)
             else:

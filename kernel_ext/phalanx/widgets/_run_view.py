@@ -61,7 +61,8 @@ class RunView:
 
     def __init__(self, run_id: str, name: str, world_size: int, total_steps: int | None,
                  clock: Callable[[], float] = time.monotonic,
-                 on_stop: Callable[[], Any] | None = None, plot_ahead: bool = True) -> None:
+                 on_stop: Callable[[], Any] | None = None, plot_ahead: bool = True,
+                 build_with: Callable[[Callable[[], None]], None] | None = None) -> None:
         import ipywidgets as w
 
         self.run_id, self.name, self.world_size = run_id, name, world_size
@@ -82,7 +83,11 @@ class RunView:
         # run that ends sooner, a one-line placeholder stands in its place.
         self.plot: LivePlot | None = LivePlot(world_size) if plot_ahead else None
         self._over = False  # the run has ended: a plot not built by now never is
-        self._build_cpu_s = 0.0  # what building the plot during the run took (not charged)
+        # Where that build runs: ``build_with(task)`` hands it to the run's wait loop, on the
+        # cell's own thread and context like every other widget of the cell; events arrive on
+        # the tracker's publisher thread, which has neither.  None: here, as events arrive.
+        self._build_with, self._build_asked = build_with, False
+        self.build_cpu_s = 0.0  # what building the plot during the run took (not charged)
         self._placeholder = w.HTML(WAITING_HTML)
         self.widget = w.VBox([w.HBox([self.header, self.stop_button]), self.progress.widget,
                               self.plot.model if self.plot is not None else self._placeholder])
@@ -99,10 +104,11 @@ class RunView:
 
     @classmethod
     def for_tracker(cls, tracker: Any, name: str, on_stop: Callable[[], Any] | None = None,
-                    plot_ahead: bool = True) -> "RunView":
+                    plot_ahead: bool = True,
+                    build_with: Callable[[Callable[[], None]], None] | None = None) -> "RunView":
         """The view of the run ``tracker`` follows (what ``on_start`` receives)."""
         return cls(tracker.run_id, name, tracker.world_size, tracker.total_steps, on_stop=on_stop,
-                   plot_ahead=plot_ahead)
+                   plot_ahead=plot_ahead, build_with=build_with)
 
     def _stop(self) -> None:
         # Only asks: the run's wait loop stops every rank at its next poll.
@@ -124,7 +130,7 @@ class RunView:
             else:
                 self._inbox.append(event)
             split = time.thread_time()
-            built = self._build_cpu_s
+            built = self.build_cpu_s
             # The tracker sends metrics then progress each time: update on the progress event.
             if event.get("type") != "metrics" and self._budget.ready():
                 self._apply()
@@ -134,7 +140,7 @@ class RunView:
             # than about 5,000 rows a second stayed in debt, blank, until the run ended.  The
             # plot's one-off build is not charged (built ahead, it never was): its ~0.25 s
             # would freeze the view for ~50 s at this share.
-            self._budget.spend(done - split - (self._build_cpu_s - built))
+            self._budget.spend(done - split - (self.build_cpu_s - built))
             self.cpu_s += done - started
 
     def drain(self) -> None:
@@ -167,25 +173,44 @@ class RunView:
                 self.plot.zoom_from(lambda name, key, start, end:
                                     window_points(record.history, name, key, start, end, MAX_POINTS))
 
-    def _ready_plot(self) -> LivePlot | None:
-        """The plot to draw points in now: the one that exists, or one built here (in place of
-        the placeholder) because the run has trained long enough for it to be worth it."""
-        if self.plot is None and not self._over and self._clock() - self._started >= PLOT_AFTER_S:
-            started = time.thread_time()
-            self.plot = LivePlot(self.world_size)
-            self._build_cpu_s += time.thread_time() - started
-            children = list(self.widget.children)
-            children[children.index(self._placeholder)] = self.plot.model
-            self.widget.children = tuple(children)
-        return self.plot
+    def _plot_due(self) -> bool:
+        return (self.plot is None and not self._over and bool(self._points)
+                and self._clock() - self._started >= PLOT_AFTER_S)
+
+    def _build_plot(self) -> None:
+        """Build the plot in the placeholder's place and draw every point so far (lock held).
+
+        Not charged to the budget: the build (~0.25 s of CPU) and the first points' figures
+        would freeze the progress bars for a minute at the view's share."""
+        if self.plot is not None or self._over:
+            return
+        started = time.thread_time()
+        self.plot = LivePlot(self.world_size)
+        children = list(self.widget.children)
+        children[children.index(self._placeholder)] = self.plot.model
+        self.widget.children = tuple(children)
+        points, self._points = self._points, {}
+        self.plot.extend(points)
+        self.build_cpu_s += time.thread_time() - started
+
+    def _build_plot_locked(self) -> None:
+        with self._lock:
+            self._build_plot()
 
     def _apply(self) -> None:
         events, self._inbox = self._inbox, []
-        plot = self._ready_plot() if self._points else None
-        drawn = plot is not None
-        if plot is not None:
+        drawn = False
+        if self._plot_due():
+            if self._build_with is None:
+                self._build_plot()
+                drawn = True
+            elif not self._build_asked:
+                self._build_asked = True
+                self._build_with(self._build_plot_locked)
+        if self.plot is not None and self._points:
             points, self._points = self._points, {}
-            plot.extend(points)
+            self.plot.extend(points)
+            drawn = True
         latest = [e for e in events if e.get("type") == "progress"][-1:]
         if latest:
             self._ranks = list(latest[0]["ranks"])
