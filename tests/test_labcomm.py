@@ -200,6 +200,23 @@ def test_invalid_bus_events_are_not_forwarded(rig, caplog):
     assert "invalid event" in caplog.text
 
 
+def test_a_metrics_batch_with_a_broken_row_is_dropped_and_later_ones_still_sent(rig, caplog):
+    """Rows are checked when they are sent (a flush sends a few hundred of the thousands a
+    heavy run logs), so a broken row costs its flush's batch, with a warning, and no more."""
+    session, manager, fake_time, *_ = rig
+    comm = manager.open()
+    with caplog.at_level(logging.WARNING, logger="phalanx"):
+        session.events.emit(events.metrics("r", [_row(0, 1), {"rank": 0, "step": "two", "t": 0.0,
+                                                              "metrics": {"loss": 1.0}}]))
+        fake_time.advance(1)
+        session.events.emit({"v": 1, "type": "metrics", "rows": []})       # no run: refused now
+    assert "invalid event" in caplog.text and comm.types() == ["snapshot"]
+    session.events.emit(events.metrics("r", [_row(0, 3)]))
+    fake_time.advance(1)
+    [metrics] = [m for m in comm.sent if m["type"] == "metrics"]
+    assert [r["step"] for r in metrics["rows"]] == [3]
+
+
 def test_non_finite_metrics_are_left_out_and_the_row_kept(rig):
     session, manager, fake_time, *_ = rig
     comm = manager.open()

@@ -50,3 +50,28 @@ def test_wait_keeps_going_while_batches_arrive_and_gives_up_when_quiet():
     started = time.monotonic()
     assert not tracker.wait_final([0, 1], timeout=0.3)  # rank 1 never sends its final batch
     assert time.monotonic() - started >= 0.3
+
+
+def test_progress_is_sent_when_batches_arrive_and_seldom_while_none_do(monkeypatch):
+    """A long step that logs nothing: the publisher (every 0.1 s) sends progress once a second,
+    not ten times, so the kernel idles while the engines train; any batch is shown at once."""
+    from phalanx.fit import _tracker
+
+    now = [100.0]
+    monkeypatch.setattr(_tracker.time, "monotonic", lambda: now[0])
+    sent: list[dict] = []
+    tracker = RunTracker("idle-1", 2, None, sent.append)
+
+    def tick(seconds: float = _tracker.PUBLISH_INTERVAL_S) -> list[str]:
+        now[0] += seconds
+        before = len(sent)
+        tracker.publish()
+        return [e["type"] for e in sent[before:]]
+
+    assert tick() == ["progress"]                                   # the first one
+    assert [tick() for _ in range(5)] == [[]] * 5                   # nothing arrived
+    tracker.on_batch({"rank": 0, "step": 1, "rows": [[1, 0.5, {"loss": 1.0}]]})  # the wire form
+    assert tick() == ["metrics", "progress"]                        # a batch: shown at once
+    assert tick() == []
+    assert tick(_tracker.IDLE_PROGRESS_S) == ["progress"]           # the clocks keep moving
+    assert sent[-1]["ranks"][0]["step"] == 1

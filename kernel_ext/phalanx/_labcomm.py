@@ -191,15 +191,34 @@ class LabComm:
     # --- events -> panels ---------------------------------------------------------------------
 
     def _on_event(self, event: dict) -> None:
+        # A run logging thousands of rows a second sends thousands a second through here, and
+        # a flush sends a few hundred of them: the rows are checked and made JSON-safe when
+        # they are sent (_outgoing), not as they come.  Only the envelope is checked now, so
+        # the outbox can merge the event.
+        envelope = {**event, "rows": [], "means": None} if event.get("type") == "metrics" else event
         try:
-            event = wire_safe(validate_event(event))
+            validate_event(envelope)
         except (SchemaError, KeyError, TypeError) as exc:
             log.warning("phalanx: not forwarding an invalid event to the lab panel: %s", exc)
             return
         with self._lock:
             self._remember(event)
+            if not self._comms:
+                return  # no panel: one that opens gets the snapshot and the run's history
             self._outbox.add(event)
             self._flush_when_due()
+
+    @staticmethod
+    def _outgoing(message: dict) -> dict | None:
+        """``message`` as it is sent: metric rows thinned, checked, JSON-safe; None (and a
+        warning) if it breaks the schema."""
+        try:
+            if message["type"] == "metrics":
+                message = thin_metrics(message)
+            return wire_safe(validate_event(message))
+        except (SchemaError, KeyError, TypeError, ValueError) as exc:
+            log.warning("phalanx: not forwarding an invalid event to the lab panel: %s", exc)
+            return None
 
     def _remember(self, event: dict) -> None:
         # The bus snapshot has no progress (it is a stream); a reloaded panel still wants bars.
@@ -209,7 +228,7 @@ class LabComm:
             pending = Outbox()
             if event["run"] in self._progress:
                 pending.add(self._progress[event["run"]])
-            pending.add(event)
+            pending.add(wire_safe(event))
             self._progress = {event["run"]: pending.drain()[0]}
 
     def _flush_when_due(self) -> None:
@@ -226,7 +245,7 @@ class LabComm:
                 self._flush(self._clock())
 
     def _flush(self, now: float, skip: Any = None) -> None:
-        batch = [thin_metrics(m) if m["type"] == "metrics" else m for m in self._outbox.drain()]
+        batch = [m for m in map(self._outgoing, self._outbox.drain()) if m is not None]
         for message in batch:
             for comm in list(self._comms):
                 if comm is not skip:

@@ -23,6 +23,10 @@ from ._timing import CollectiveTimes
 from ._progress import RateMeter, eta_seconds, stragglers
 
 PUBLISH_INTERVAL_S = 0.1
+# While no batch arrives (a long step that logs nothing), progress is sent this often instead
+# of every PUBLISH_INTERVAL_S: enough to keep the views' clocks and rates moving, and the
+# kernel does next to nothing while the engines train.
+IDLE_PROGRESS_S = 1.0
 PUBLISH_MAX_ROWS = 50_000
 
 
@@ -51,6 +55,7 @@ class RunTracker:
         self._meters = {r: RateMeter() for r in range(world_size)}
         self._emit = emit
         self._published = 0
+        self._progress_sent = (-1, float("-inf"))  # (batches then, when) of the last progress
         self._lock = threading.Lock()
         self._arrived = threading.Condition(self._lock)  # wakes wait_final on every batch
         self._publish_lock = threading.Lock()
@@ -135,7 +140,12 @@ class RunTracker:
                 wire = [{"rank": r.pop("rank"), "step": r.pop("step"), "t": r.pop("t"), "metrics": r}
                         for r in rows]
                 self._emit(events.metrics(self.run_id, wire, means=means))
-            self._emit(events.progress(self.run_id, self.progress_rows()))
+            with self._lock:
+                batches = self._batches
+            now = time.monotonic()
+            if batches != self._progress_sent[0] or now - self._progress_sent[1] >= IDLE_PROGRESS_S:
+                self._progress_sent = (batches, now)
+                self._emit(events.progress(self.run_id, self.progress_rows()))
             memory = self.memory.take_fresh()
             if memory:
                 self._emit(events.memory(self.run_id, memory))

@@ -28,7 +28,10 @@ SECONDARY_GRACE_S = 3.0  # how long a rank's own error may take to arrive after 
 # After a rank's own error, its peers are usually released by its abort within milliseconds; an
 # interrupt sent while such a peer is already returning would land in ipyparallel's own code.
 RELEASE_DELAY_S = 0.5
-POLL_S = 0.005
+# The loop is woken at once by a rank's result (its future); the poll only paces what has no
+# event of its own: printed output, a stop request, the panel's messages where the kernel has
+# no subshells.  20 times a second is prompt for those; every 5 ms cost ~7% of a core.
+POLL_S = 0.05
 # How a rank that kept its peers waiting can end, besides a collective error of its own.
 _STALL_OUTCOMES = (Outcome.INTERRUPTED, Outcome.STOPPED, Outcome.DIED)
 
