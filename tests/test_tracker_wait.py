@@ -58,7 +58,7 @@ def test_progress_is_sent_when_batches_arrive_and_seldom_while_none_do(monkeypat
     from phalanx.fit import _tracker
 
     now = [100.0]
-    monkeypatch.setattr(_tracker.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(_tracker, "_now", lambda: now[0])
     sent: list[dict] = []
     tracker = RunTracker("idle-1", 2, None, sent.append)
 
