@@ -95,6 +95,10 @@ def stop_dask(cluster: Any) -> bool:
         >>> stop_dask(rc)                 # doctest: +SKIP
         True
     """
+    import sys
+
+    if "distributed" not in sys.modules:  # no dask was ever started: importing it costs ~0.6 s
+        return False
     from distributed import Client as DaskClient
 
     if isinstance(cluster, DaskClient):
