@@ -1,6 +1,8 @@
 """Cluster start and stop: `%cluster start -n 2` until a first %%distributed_fit cell has run,
 against a bare `ipyparallel.Cluster(n=2).start_and_connect_sync()` until a first task has run;
-then each one's stop, until every process is gone.
+then each one's stop, until every process is gone.  phalanx is measured with its engines forked
+from the fork server (the default) and with separately started engines (PHALANX_FORK_SERVER=0);
+the first cell runs an optimizer step, which is where torch's imports are felt.
 
     python benchmarks/bench_start.py [--json OUT] [--quick]
 """
@@ -26,16 +28,27 @@ def bare_ipyparallel() -> tuple[float, float]:
     return elapsed, time.perf_counter() - stopping
 
 
-def phalanx_start() -> tuple[float, float, float]:
+FIRST_CELL = """
+import torch
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+model(torch.ones(2, 4)).sum().backward()
+opt.step()
+"""
+
+
+def phalanx_start(fork_server: bool = True) -> tuple[float, float, float]:
+    import os
+
     from phalanx._session import Session
     from phalanx.fit import FitOptions
 
+    os.environ["PHALANX_FORK_SERVER"] = "1" if fork_server else "0"
     started = time.perf_counter()
     session = Session()
     session.start_cluster(n=2, gpus="none")
     ready = time.perf_counter() - started
-    ns = {"allreduce": __import__("phalanx").allreduce}
-    session.distributed_fit("allreduce(1.0)", FitOptions.build(widget=False), ns)
+    session.distributed_fit(FIRST_CELL, FitOptions.build(widget=False), {})
     first_cell = time.perf_counter() - started
     stopping = time.perf_counter()
     session.stop_cluster()  # returns once every engine and the controller are gone
@@ -47,25 +60,33 @@ def phalanx_start() -> tuple[float, float, float]:
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(__doc__, argv)
     repeats = 3 if args.quick else 5
-    bare, bare_stop, ready, first, stop = [], [], [], [], []
-    for _ in range(repeats):
+    runs: dict[str, list[float]] = {k: [] for k in (
+        "bare", "bare_stop", "ready", "first", "stop", "fresh_ready", "fresh_first", "fresh_stop")}
+    for _ in range(repeats):  # interleaved, so that a slower spell of the machine hits all three
         b, bs = bare_ipyparallel()
-        bare.append(b)
-        bare_stop.append(bs)
-        r, f, s = phalanx_start()
-        ready.append(r)
-        first.append(f)
-        stop.append(s)
-    data = {"bare_ipyparallel_s": stats(bare), "phalanx_ready_s": stats(ready),
-            "phalanx_first_cell_s": stats(first),
-            "bare_ipyparallel_stop_s": stats(bare_stop), "phalanx_stop_s": stats(stop),
-            "ratio_ready_vs_bare": stats(bare)["median"] / stats(ready)["median"],
-            "ratio_first_cell_vs_bare": stats(bare)["median"] / stats(first)["median"],
-            "ratio_stop_vs_bare": stats(bare_stop)["median"] / stats(stop)["median"]}
+        runs["bare"].append(b)
+        runs["bare_stop"].append(bs)
+        for prefix, forked in (("", True), ("fresh_", False)):
+            r, f, s = phalanx_start(fork_server=forked)
+            runs[prefix + "ready"].append(r)
+            runs[prefix + "first"].append(f)
+            runs[prefix + "stop"].append(s)
+    med = {k: stats(v)["median"] for k, v in runs.items()}
+    data = {"bare_ipyparallel_s": stats(runs["bare"]), "phalanx_ready_s": stats(runs["ready"]),
+            "phalanx_first_cell_s": stats(runs["first"]),
+            "bare_ipyparallel_stop_s": stats(runs["bare_stop"]),
+            "phalanx_stop_s": stats(runs["stop"]),
+            "fresh_engines_ready_s": stats(runs["fresh_ready"]),
+            "fresh_engines_first_cell_s": stats(runs["fresh_first"]),
+            "ratio_ready_vs_bare": med["bare"] / med["ready"],
+            "ratio_first_cell_vs_bare": med["bare"] / med["first"],
+            "ratio_first_cell_fresh_vs_forked": med["fresh_first"] / med["first"],
+            "ratio_stop_vs_bare": med["bare_stop"] / med["stop"]}
     for key in ("bare_ipyparallel_s", "phalanx_ready_s", "phalanx_first_cell_s",
+                "fresh_engines_ready_s", "fresh_engines_first_cell_s",
                 "bare_ipyparallel_stop_s", "phalanx_stop_s"):
         s = data[key]
-        print(f"{key:22s} {s['median']:6.2f} s (min {s['min']:.2f}, max {s['max']:.2f})")
+        print(f"{key:28s} {s['median']:6.2f} s (min {s['min']:.2f}, max {s['max']:.2f})")
     save("cluster_start", data, args.json)
     return data
 

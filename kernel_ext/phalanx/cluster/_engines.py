@@ -69,12 +69,17 @@ class EngineStartMixin(ManagerState):
             for device in devices:
                 slot_id = f"slot-{next(self._ids)}"
                 slots.append(self._register_slot(EngineSlot(slot_id, slot_id, device)))
-                self._start_set(slot_id, 1, {"PHALANX_SLOT": slot_id, **pinning_env(device)})
+                self._start_set(slot_id, 1, {"PHALANX_SLOT": slot_id, **pinning_env(device),
+                                             **self._fork_env(device)})
         else:
             set_id = f"set-{next(self._ids)}"
             for i in range(count):
                 slots.append(self._register_slot(EngineSlot(f"{set_id}.{i}", set_id)))
             self._start_set(set_id, count, {"PHALANX_SET": set_id})
+
+    def _fork_env(self, device: str | None) -> dict[str, str]:
+        """What makes a CPU engine be forked from the cluster's zygote, where one runs."""
+        return self._zygote.environment() if self._zygote is not None and device is None else {}
 
     def _register_slot(self, slot: EngineSlot) -> EngineSlot:
         with self._lock:

@@ -46,6 +46,7 @@ class Launcher:
     one_set_per_engine = True
     ask_engines_to_exit = False  # before stopping them through the launcher (slow for SSH)
     ends_engines_by_pid = True   # its engines are processes here that phalanx may signal itself
+    forks_engines = True         # CPU engines may be forked from a zygote (cluster/_zygote.py)
 
     def __init__(self, options: LaunchOptions) -> None:
         self.options = options
@@ -102,6 +103,7 @@ class RemoteLauncher(Launcher):
     engines_here = False
     one_set_per_engine = False
     ends_engines_by_pid = False
+    forks_engines = False
 
     def listen_address(self, configured: str | None) -> str:
         if self.options.ip or configured:

@@ -41,6 +41,7 @@ class MpiLauncher(Launcher):
     name = "mpi"
     one_set_per_engine = False
     ends_engines_by_pid = False  # mpiexec owns its ranks: it is the one to stop them
+    forks_engines = False        # mpiexec starts each rank itself
 
     def check(self) -> None:
         from ._procs import find_mpiexec

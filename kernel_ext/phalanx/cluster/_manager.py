@@ -36,6 +36,7 @@ from ._ranks import EngineSlot, RankTable
 from ._reporting import AdoptionMixin, StatusMixin
 from ._supervise import command as supervised, parent_env
 from ._warden import Warden, launched_processes
+from ._zygote_handle import ZygoteHandle
 
 log = logging.getLogger("phalanx")
 
@@ -64,6 +65,7 @@ class ClusterManager(StatusMixin, AdoptionMixin, EngineStartMixin):
         self._lock = threading.RLock()
         self._runner: LoopThread | None = None
         self._warden: Warden | None = None
+        self._zygote: ZygoteHandle | None = None
         self._cluster: Any = None
         self.client: Any = None
         self.launcher = "local"
@@ -139,12 +141,24 @@ class ClusterManager(StatusMixin, AdoptionMixin, EngineStartMixin):
         self._runner = LoopThread()
         self._warden = Warden.start()
         try:
+            self._start_zygote(local_gpus)
             self._runner.run(self._start_controller(profile), timeout + 30)
             self._add_engines(count)
         except BaseException:
             self._teardown()
             raise
         return self.slots()
+
+    def _start_zygote(self, local_gpus: list[str]) -> None:
+        """Local CPU engines are forked from a process that imported torch once (it imports
+        while the controller starts); GPU engines start fresh: CUDA state must not cross a fork."""
+        if not self._launcher.forks_engines or (self.gpu_spec.mode != "none" and local_gpus) \
+                or os.environ.get("PHALANX_FORK_SERVER") == "0":
+            return
+        self._zygote = ZygoteHandle.start()
+        if self._zygote is not None and self._warden is not None:
+            process = self._zygote.process()
+            self._warden.watch([process] if process is not None else [])
 
     async def _start_controller(self, profile: str | None) -> None:
         import ipyparallel as ipp
@@ -187,6 +201,7 @@ class ClusterManager(StatusMixin, AdoptionMixin, EngineStartMixin):
             for slot in self._slots.values():
                 slot.state = "stopping"
         cluster, client, runner, warden = self._cluster, self.client, self._runner, self._warden
+        zygote, self._zygote = self._zygote, None
         self._cluster = self.client = self._runner = self._warden = None
         sets = list(cluster.engines.values()) if cluster is not None else []
         try:
@@ -208,6 +223,8 @@ class ClusterManager(StatusMixin, AdoptionMixin, EngineStartMixin):
         finally:
             kill_leftovers(pids)
             self._await_gone(sets)
+            if zygote is not None:  # after the engines: it would kill any still running
+                zygote.close()
             if warden is not None:  # it ends what the stop left (a dead controller's schedulers)
                 warden.close()
             if runner is not None:

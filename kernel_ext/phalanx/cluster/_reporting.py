@@ -17,8 +17,8 @@ class StatusMixin(ManagerState):
 
     def process_ids(self) -> dict[str, list[int]]:
         """Local processes of the cluster: the controller's and the engines', with children
-        (the controller's schedulers, each engine's nanny), and its watchdog.  For audits and
-        leak checks."""
+        (the controller's schedulers, each engine's nanny), its watchdog and the engines' fork
+        server (its children are the engines).  For audits and leak checks."""
         import psutil
 
         warden = getattr(self, "_warden", None)
@@ -37,7 +37,23 @@ class StatusMixin(ManagerState):
                     found[role] += [pid] + [c.pid for c in proc.children(recursive=True)]
                 except psutil.NoSuchProcess:
                     continue
+        found["zygote"] = self._fork_server_pids(found["engines"])
         return found
+
+    def _fork_server_pids(self, engine_pids: list[int]) -> list[int]:
+        """The zygote and, for engines forked from it, the processes ipyparallel launched that
+        stand for them (their proxies)."""
+        import psutil
+
+        from ._warden import launched_processes
+
+        zygote = getattr(self, "_zygote", None)
+        if zygote is None or self._cluster is None:
+            return []
+        launched = [p.pid for s in list(self._cluster.engines.values())
+                    for p in launched_processes(s)]
+        return [pid for pid in [zygote.pid, *launched]
+                if pid not in engine_pids and psutil.pid_exists(pid)]
 
     def status(self, steps: dict[int, int] | None = None) -> list[dict]:
         """One row per rank: rank, engine id, host, pid, device, state, memory (MB), step."""

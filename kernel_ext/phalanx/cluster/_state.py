@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from ._launchers import Launcher
     from ._loop import LoopThread
     from ._warden import Warden
+    from ._zygote_handle import ZygoteHandle
 
 
 class ManagerState:
@@ -33,6 +34,7 @@ class ManagerState:
     _runner: LoopThread | None         # the event loop ipyparallel's coroutines run on
     _launcher: Launcher
     _warden: Warden | None
+    _zygote: ZygoteHandle | None         # the local CPU engines' fork server, where one runs
     _gpus: list[str]                   # this host's devices, as listed at start
     _on_change: Callable[[], None]
     client: Any                        # the ipyparallel Client while a cluster runs

@@ -103,6 +103,8 @@ def main(argv: list[str]) -> None:
     os.umask(0o077)
     start_watchdog()
     module = argv[0]
+    if module == "ipyparallel.engine" and os.environ.get("PHALANX_ZYGOTE"):
+        _engine_from_zygote(argv)  # returns only where the engine must start here after all
     sys.argv = [module] + argv[1:]
     code = 0
     try:
@@ -115,6 +117,21 @@ def main(argv: list[str]) -> None:
         traceback.print_exc(file=sys.__stderr__)
         code = 1
     _exit_now(code)
+
+
+def _engine_from_zygote(argv: list[str]) -> None:
+    """Have the cluster's zygote fork this engine (:mod:`._zygote`) and end as it ends."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_zygote_proxy.py")
+    spec = importlib.util.spec_from_file_location("_phalanx_zygote_proxy", path)
+    if spec is None or spec.loader is None:
+        return
+    proxy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(proxy)
+    outcome = proxy.run_forked(argv)
+    if outcome is not None:
+        proxy.exit_like(outcome)
 
 
 def _exit_now(code: int) -> None:

@@ -1,0 +1,293 @@
+"""A fork server for local CPU engines: torch is imported once per cluster, not once per engine.
+
+A fresh engine process spends about 5 s of CPU importing ipyparallel's engine, torch, torch's
+compiler front end (every optimizer's first ``add_param_group`` imports ``torch._dynamo``) and
+phalanx's runtime before it can run a first training cell; two engines on two cores pay that
+twice at every ``%cluster start``, and again for every engine a restart or a scale-up brings.
+This process (the *zygote*) pays it once, while the controller starts, and then forks each engine
+from its already-imported state::
+
+    python .../phalanx/cluster/_zygote.py SOCKET
+
+It listens on a Unix socket (``SEQPACKET``) inside a private 0700 directory of the kernel's, so
+nothing listens on the network and only the user can ask it for anything.  The process that
+ipyparallel launches for an engine stays the usual supervised command (:mod:`._supervise`); it
+asks the zygote for the engine (:mod:`._zygote_proxy`) and stands for it: it passes its standard
+streams, environment, working directory and arguments, forwards the signals it gets, and exits
+as the engine exits.  A proxy that is killed takes its engine with it.
+
+What is shared by forking is only what importing creates.  The zygote never computes, creates no
+thread and initialises no CUDA: it serves CPU engines only (a GPU engine always starts fresh, as
+CUDA state must not cross a fork).  Each engine gets its own session, the proxy's environment
+(the zygote refuses a request whose environment differs from its own in a variable read at
+import time, below: what was read then would be wrong) and a fresh seed for numpy's global
+generator (Python's ``random`` reseeds itself after a fork).
+
+The zygote ends with the kernel (a pidfd on the kernel's process) or on SIGTERM, killing the
+engines it forked that still run, and removes its socket's directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import socket
+import sys
+import traceback
+
+ENV_SOCKET = "PHALANX_ZYGOTE"        # where the proxy asks (set in the engines' environment)
+ENV_PID = "PHALANX_ZYGOTE_PID"       # ... and which process answers: dead means start fresh
+MAX_MESSAGE = 1 << 20                # a request: arguments and environment, as JSON
+# Variables that what the zygote imports reads at import time (the interpreter's paths and
+# flags, the dynamic loader, the thread pools of OpenMP, MKL and OpenBLAS that load with torch and
+# numpy, torch's own switches): an engine whose environment differs from the zygote's in one of
+# these starts as a separate process.  Any other variable is simply the engine's own: the forked
+# engine gets the environment its launcher gave it, whole.
+IMPORT_TIME_PREFIXES = ("PYTHON", "LD_", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "NPY_",
+                        "NUMPY_", "TORCH", "PYTORCH_", "MALLOC_", "GLIBC_")
+PRELOAD = ("ipyparallel.engine.app", "numpy", "torch",
+           "torch._dynamo", "torch.distributed", "phalanx.runtime._entry",
+           "phalanx.cluster._supervise")
+
+
+def read_at_import(key: str) -> bool:
+    """Whether ``key`` may have been read while the zygote imported (then it must not differ)."""
+    return key.startswith(IMPORT_TIME_PREFIXES)
+
+
+def environment_mismatch(mine: dict[str, str], wanted: dict[str, str]) -> str | None:
+    """Why an engine with environment ``wanted`` cannot be forked from a process with ``mine``.
+
+    >>> environment_mismatch({"PATH": "/bin", "OMP_NUM_THREADS": "1"}, {"OMP_NUM_THREADS": "1"})
+    >>> environment_mismatch({"PYTHONPATH": "a"}, {"PYTHONPATH": "b", "OMP_NUM_THREADS": "2"})
+    'its environment differs in OMP_NUM_THREADS, PYTHONPATH'
+    """
+    keys = sorted(k for k in set(mine) | set(wanted)
+                  if read_at_import(k) and mine.get(k) != wanted.get(k))
+    return f"its environment differs in {', '.join(keys)}" if keys else None
+
+
+def preload() -> list[str]:
+    """Import what every engine imports; returns what could not be imported (left to each
+    engine, which then fails or copes as it would have anyway)."""
+    import importlib
+
+    missing = []
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except Exception:
+            missing.append(name)
+    return missing
+
+
+def cuda_touched() -> bool:
+    """Whether anything imported initialised CUDA (the zygote would then fork nothing)."""
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    return bool(cuda is not None and cuda.is_initialized())
+
+
+class Zygote:
+    """The serving loop: one connection per engine, single-threaded (forking stays safe)."""
+
+    def __init__(self, path: str, kernel_pid: int | None) -> None:
+        self.path = path
+        self.env = dict(os.environ)
+        self.refusal: str | None = None
+        self.selector = selectors.DefaultSelector()
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.engines: dict[int, tuple[socket.socket, int]] = {}  # pidfd -> (connection, pid)
+        # The kernel's end is seen at once through a pidfd (the kernel starts a zygote only
+        # where pidfds exist); opening it fails only if the kernel is already gone.
+        self.kernel_fd = os.pidfd_open(kernel_pid) if kernel_pid is not None else None
+
+    def serve(self) -> None:
+        self.server.bind(self.path)
+        self.server.listen(64)
+        self.selector.register(self.server, selectors.EVENT_READ, "accept")
+        if self.kernel_fd is not None:
+            self.selector.register(self.kernel_fd, selectors.EVENT_READ, "kernel")
+        while True:
+            for key, _ in self.selector.select():
+                kind = key.data
+                if kind == "kernel":
+                    return
+                if kind == "accept":
+                    conn, _ = self.server.accept()
+                    self.selector.register(conn, selectors.EVENT_READ, "request")
+                elif kind == "request":
+                    self._request(key.fileobj)  # type: ignore[arg-type]
+                elif kind == "proxy":
+                    self._proxy_gone(key.fileobj)  # type: ignore[arg-type]
+                elif kind == "engine":
+                    self._engine_exited(key.fd)
+
+    def _request(self, conn: socket.socket) -> None:
+        self.selector.unregister(conn)
+        try:
+            data, fds, _flags, _addr = socket.recv_fds(conn, MAX_MESSAGE, 3)
+        except OSError:
+            conn.close()
+            return
+        try:
+            try:
+                request = json.loads(data)
+                why = self.refusal or environment_mismatch(self.env, request["env"])
+            except (ValueError, KeyError, TypeError, AttributeError):
+                why = "its request could not be read"
+            if why is None and len(fds) != 3:
+                why = "it did not pass its three standard streams"
+            if why is None:
+                try:
+                    pid = self._fork(request, fds, conn)
+                except OSError as exc:  # no memory or processes left for a fork
+                    why = f"fork failed: {exc}"
+            if why is not None:
+                _reply(conn, {"refused": why})
+                conn.close()
+                return
+        finally:
+            for fd in fds:
+                os.close(fd)
+        pidfd = os.pidfd_open(pid)
+        self.engines[pidfd] = (conn, pid)
+        self.selector.register(pidfd, selectors.EVENT_READ, "engine")
+        self.selector.register(conn, selectors.EVENT_READ, "proxy")
+        _reply(conn, {"pid": pid})  # a proxy gone by now is seen as gone by the loop
+
+    def _fork(self, request: dict, fds: list[int], conn: socket.socket) -> int:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        pid = os.fork()
+        if pid:
+            return pid
+        try:  # the engine: nothing of the zygote's serving is kept
+            os.setsid()
+            for target, fd in enumerate(fds):
+                os.dup2(fd, target)
+            keep = {0, 1, 2}
+            for fd in [*fds, self.server.fileno(), conn.fileno(), self.selector.fileno(),
+                       *self.engines, *(c.fileno() for c, _ in self.engines.values()),
+                       *([self.kernel_fd] if self.kernel_fd is not None else [])]:
+                if fd not in keep:
+                    _close(fd)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.chdir(request.get("cwd") or "/")
+            os.environ.clear()
+            os.environ.update({k: v for k, v in request["env"].items()
+                               if k not in (ENV_SOCKET, ENV_PID)})  # the engine is no proxy
+            _reseed()
+            from phalanx.cluster._supervise import main as supervised_main
+
+            supervised_main(request["argv"])  # runs the engine; never returns
+        except BaseException:
+            traceback.print_exc()
+        os._exit(1)
+
+    def _proxy_gone(self, conn: socket.socket) -> None:
+        """The proxy closed its end (it was killed): its engine goes with it."""
+        self.selector.unregister(conn)  # read to its end: it would be ready forever
+        for c, pid in list(self.engines.values()):
+            if c is conn:
+                _kill(pid)
+                return  # the engine's exit is reaped by _engine_exited
+
+    def _engine_exited(self, pidfd: int) -> None:
+        conn, pid = self.engines.pop(pidfd)
+        self.selector.unregister(pidfd)
+        os.close(pidfd)
+        try:
+            _, status = os.waitpid(pid, 0)
+        except ChildProcessError:
+            status = 0
+        if os.WIFSIGNALED(status):
+            outcome = {"signal": os.WTERMSIG(status)}
+        else:
+            outcome = {"exit": os.waitstatus_to_exitcode(status)}
+        try:
+            self.selector.unregister(conn)
+        except (KeyError, ValueError):
+            pass
+        _reply(conn, outcome)
+        conn.close()
+
+    def close(self) -> None:
+        """Kill the engines still running, reap them, remove the socket's directory."""
+        pids = [pid for _conn, pid in self.engines.values()]
+        for pid in pids:
+            _kill(pid)
+        for pid in pids:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+        import shutil
+
+        shutil.rmtree(os.path.dirname(self.path), ignore_errors=True)  # the kernel made it for us
+
+
+def _reply(conn: socket.socket, message: dict) -> None:
+    """Send ``message``; a proxy that is gone is not an error (its engine is killed)."""
+    try:
+        conn.send(json.dumps(message).encode())
+    except OSError:
+        pass
+
+
+def _close(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _reseed() -> None:
+    """numpy's global generator was seeded once, in the zygote: every engine would draw the same
+    numbers where separately started engines draw different ones."""
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:
+        numpy_random.seed()
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) != 1:
+        raise SystemExit("usage: python _zygote.py SOCKET")
+    if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+        del sys.path[0]  # run as a script: its folder must not shadow anything
+    os.umask(0o077)
+    kernel = os.environ.get("PHALANX_PARENT_PID")
+    try:
+        zygote = Zygote(argv[0], int(kernel) if kernel else None)
+    except ProcessLookupError:  # the kernel is gone already
+        os._exit(0)
+    missing = preload()
+    if cuda_touched():
+        zygote.refusal = "CUDA was initialised while importing"
+    elif "phalanx.cluster._supervise" in missing:
+        zygote.refusal = "phalanx could not be imported"
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        zygote.serve()
+    except SystemExit:
+        pass
+    finally:
+        zygote.close()
+        os._exit(0)  # no interpreter teardown (a second with torch imported): nothing needs it
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,164 @@
+"""Local CPU engines forked from the cluster's zygote (cluster/_zygote.py): the engines behave as
+separately started ones would, every way an engine or its stand-in can end is seen as the
+engine's end, and nothing of the zygote outlives its cluster."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import psutil
+import pytest
+
+from conftest import assert_all_gone, engine_pids
+from phalanx.cluster._zygote import environment_mismatch, read_at_import
+
+pytestmark = pytest.mark.cluster
+
+def test_only_variables_read_at_import_must_match_the_zygotes():
+    assert read_at_import("PYTHONPATH") and read_at_import("OMP_NUM_THREADS")
+    assert read_at_import("TORCH_LOGS") and read_at_import("LD_PRELOAD")
+    assert not read_at_import("PHALANX_SLOT") and not read_at_import("IPP_CONNECTION_INFO")
+    assert not read_at_import("CUDA_VISIBLE_DEVICES") and not read_at_import("WANDB_API_KEY")
+    assert environment_mismatch({"PATH": "/bin", "IPP_CLUSTER_ID": "a"},
+                                {"PATH": "/usr/bin", "IPP_CLUSTER_ID": "b"}) is None
+    assert environment_mismatch({"OMP_NUM_THREADS": "1"}, {}) == \
+        "its environment differs in OMP_NUM_THREADS"
+
+
+def _probe(session) -> list[dict]:
+    return session.cluster.view().apply_sync(_engine_info)
+
+
+def _engine_info() -> dict:
+    import os
+    import sys
+
+    import numpy as np
+
+    return {"pid": os.getpid(), "ppid": os.getppid(), "slot": os.environ.get("PHALANX_SLOT"),
+            "zygote_env": os.environ.get("PHALANX_ZYGOTE"), "draw": float(np.random.rand()),
+            "sid": os.getsid(0), "torch": "torch" in sys.modules}
+
+
+def _zygote_pid(session) -> int:
+    pids = session.cluster.process_ids()["zygote"]
+    assert pids, "no zygote runs beside a local CPU cluster"
+    return pids[0]
+
+
+def _wait(condition, timeout: float = 30.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _total(session) -> float:
+    from phalanx import allreduce
+    from phalanx.fit import FitOptions
+
+    ns = {"allreduce": allreduce}
+    session.distributed_fit("total = allreduce(1.0, op='sum')",
+                            FitOptions.build(returns="total", widget=False), ns)
+    return ns["total"]
+
+
+@pytest.mark.slow
+def test_forked_engines_are_separate_engines_and_train_together(cluster_session):
+    """Each engine is the zygote's child, in a session of its own, with its own slot, its own
+    numpy draw and torch already imported; a run across them works as before."""
+    session = cluster_session
+    zygote = _zygote_pid(session)
+    infos = _probe(session)
+    assert [i["ppid"] for i in infos] == [zygote, zygote]
+    assert [i["pid"] for i in infos] == engine_pids(session)
+    assert sorted(i["slot"] for i in infos) == sorted(s.slot_id for s in session.cluster.slots())
+    assert all(i["sid"] == i["pid"] for i in infos)           # own session: no shared signals
+    assert all(i["zygote_env"] is None for i in infos)        # an engine asks no zygote itself
+    assert all(i["torch"] for i in infos)                     # imported once, in the zygote
+    assert infos[0]["draw"] != infos[1]["draw"]               # numpy reseeded after the fork
+    assert _total(session) == 2.0
+
+
+@pytest.mark.slow
+def test_a_killed_forked_engine_is_seen_dead_and_its_restart_is_forked(cluster_session):
+    """SIGKILL of a forked engine ends its stand-in the same way, so the cluster marks the rank
+    dead, and a restart of that rank brings back an engine forked again."""
+    session = cluster_session
+    victim = session.cluster.slots()[1]
+    os.kill(victim.pid, signal.SIGKILL)
+    _wait(lambda: session.cluster.slots()[1].state == "dead", what="the rank marked dead")
+    exit_code = session.cluster.slots()[1].exit_code
+    assert exit_code in (-signal.SIGKILL, 128 + signal.SIGKILL), exit_code
+    zygote = _zygote_pid(session)
+    session.restart(1)
+    assert [i["ppid"] for i in _probe(session)] == [zygote, zygote]
+    assert _total(session) == 2.0
+
+
+@pytest.mark.slow
+def test_a_killed_stand_in_takes_its_engine_and_a_lost_zygote_falls_back(no_cluster):
+    """The process ipyparallel launched and the engine are one: killing the first ends the
+    second.  With the zygote gone, a restart starts the engine as a separate process."""
+    session = no_cluster
+    session.start_cluster(n=1, gpus="none", timeout=60)
+    zygote = _zygote_pid(session)
+    engine = engine_pids(session)[0]
+    stand_ins = [p for p in session.cluster.process_ids()["zygote"] if p != zygote]
+    assert len(stand_ins) == 1 and stand_ins[0] != engine
+    os.kill(stand_ins[0], signal.SIGKILL)
+    assert_all_gone([engine], timeout=15)
+    _wait(lambda: session.cluster.slots()[0].state == "dead", what="the engine marked dead")
+    os.kill(zygote, signal.SIGKILL)
+    session.restart(0)
+    assert _probe(session)[0]["ppid"] != zygote
+    assert _total(session) == 1.0
+    pids = engine_pids(session)
+    session.stop_cluster()
+    assert_all_gone(pids)
+
+
+@pytest.mark.slow
+def test_an_engine_the_zygote_cannot_serve_starts_fresh(no_cluster, monkeypatch):
+    """A variable set in the kernel after the zygote started (imports there may have read it)
+    means a new engine starts as a separate process instead."""
+    session = no_cluster
+    session.start_cluster(n=1, gpus="none", timeout=60)
+    zygote = _zygote_pid(session)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # libgomp reads it when torch is imported
+    session.scale(2)
+    infos = _probe(session)
+    assert infos[0]["ppid"] == zygote and infos[1]["ppid"] != zygote
+    assert _total(session) == 2.0
+    pids = engine_pids(session)
+    session.stop_cluster()
+    assert_all_gone(pids)
+
+
+@pytest.mark.slow
+def test_stop_leaves_no_zygote_socket_or_process(no_cluster):
+    session = no_cluster
+    session.start_cluster(n=2, gpus="none", timeout=60)
+    zygote = _zygote_pid(session)
+    socket_dir = os.path.dirname(session.cluster._zygote.path)
+    everything = [p for pids in session.cluster.process_ids().values() for p in pids]
+    assert zygote in everything
+    assert oct(os.stat(socket_dir).st_mode & 0o777) == "0o700"
+    session.stop_cluster()
+    assert_all_gone(everything)
+    assert not os.path.exists(socket_dir)
+    assert not [c for c in psutil.Process().children(recursive=True)
+                if "_zygote.py" in " ".join(c.cmdline())]
+
+
+@pytest.mark.slow
+def test_the_fork_server_can_be_turned_off(no_cluster, monkeypatch):
+    """PHALANX_FORK_SERVER=0: no zygote, and every engine is the process ipyparallel launched."""
+    monkeypatch.setenv("PHALANX_FORK_SERVER", "0")
+    session = no_cluster
+    session.start_cluster(n=1, gpus="none", timeout=60)
+    assert session.cluster.process_ids()["zygote"] == []
+    assert _probe(session)[0]["ppid"] == os.getpid()
+    assert _total(session) == 1.0
