@@ -72,8 +72,12 @@ def _start(d: dict) -> list[dict]:
             _row("cluster_start", "start to first cell: separately started engines / forked",
                  d["ratio_first_cell_fresh_vs_forked"], "reported", None,
                  f"{d['fresh_engines_first_cell_s']['median']:.2f} s vs "
-                 f"{d['phalanx_first_cell_s']['median']:.2f} s")]
-            if "ratio_first_cell_fresh_vs_forked" in d else []) + ([
+                 f"{d['phalanx_first_cell_s']['median']:.2f} s"),
+            _row("cluster_start", "restart of one rank to its next cell: separately started / forked",
+                 d["ratio_restart_fresh_vs_forked"], "reported", None,
+                 f"{d['fresh_engines_restart_to_cell_s']['median']:.2f} s vs "
+                 f"{d['phalanx_restart_to_cell_s']['median']:.2f} s")]
+            if "ratio_restart_fresh_vs_forked" in d else []) + ([
             _row("cluster_start", "bare ipyparallel stop / %cluster stop, every process gone",
                  d["ratio_stop_vs_bare"], ">= 1x", d["ratio_stop_vs_bare"] >= 1,
                  f"{d['phalanx_stop_s']['median']:.2f} s vs {d['bare_ipyparallel_stop_s']['median']:.2f} s")]

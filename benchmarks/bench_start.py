@@ -2,7 +2,8 @@
 against a bare `ipyparallel.Cluster(n=2).start_and_connect_sync()` until a first task has run;
 then each one's stop, until every process is gone.  phalanx is measured with its engines forked
 from the fork server (the default) and with separately started engines (PHALANX_FORK_SERVER=0);
-the first cell runs an optimizer step, which is where torch's imports are felt.
+the first cell runs an optimizer step, which is where torch's imports are felt; then one rank is
+restarted (as after a fault) and the cell runs again.
 
     python benchmarks/bench_start.py [--json OUT] [--quick]
 """
@@ -37,7 +38,7 @@ opt.step()
 """
 
 
-def phalanx_start(fork_server: bool = True) -> tuple[float, float, float]:
+def phalanx_start(fork_server: bool = True) -> tuple[float, float, float, float]:
     import os
 
     from phalanx._session import Session
@@ -50,26 +51,32 @@ def phalanx_start(fork_server: bool = True) -> tuple[float, float, float]:
     ready = time.perf_counter() - started
     session.distributed_fit(FIRST_CELL, FitOptions.build(widget=False), {})
     first_cell = time.perf_counter() - started
+    restarting = time.perf_counter()  # what a rank lost to a fault costs to bring back
+    session.restart(1)
+    session.distributed_fit(FIRST_CELL, FitOptions.build(widget=False), {})
+    restart = time.perf_counter() - restarting
     stopping = time.perf_counter()
     session.stop_cluster()  # returns once every engine and the controller are gone
     stopped = time.perf_counter() - stopping
     session.close()
-    return ready, first_cell, stopped
+    return ready, first_cell, restart, stopped
 
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(__doc__, argv)
     repeats = 3 if args.quick else 5
     runs: dict[str, list[float]] = {k: [] for k in (
-        "bare", "bare_stop", "ready", "first", "stop", "fresh_ready", "fresh_first", "fresh_stop")}
+        "bare", "bare_stop", "ready", "first", "restart", "stop",
+        "fresh_ready", "fresh_first", "fresh_restart", "fresh_stop")}
     for _ in range(repeats):  # interleaved, so that a slower spell of the machine hits all three
         b, bs = bare_ipyparallel()
         runs["bare"].append(b)
         runs["bare_stop"].append(bs)
         for prefix, forked in (("", True), ("fresh_", False)):
-            r, f, s = phalanx_start(fork_server=forked)
+            r, f, rs, s = phalanx_start(fork_server=forked)
             runs[prefix + "ready"].append(r)
             runs[prefix + "first"].append(f)
+            runs[prefix + "restart"].append(rs)
             runs[prefix + "stop"].append(s)
     med = {k: stats(v)["median"] for k, v in runs.items()}
     data = {"bare_ipyparallel_s": stats(runs["bare"]), "phalanx_ready_s": stats(runs["ready"]),
@@ -78,12 +85,16 @@ def main(argv: list[str] | None = None) -> dict:
             "phalanx_stop_s": stats(runs["stop"]),
             "fresh_engines_ready_s": stats(runs["fresh_ready"]),
             "fresh_engines_first_cell_s": stats(runs["fresh_first"]),
+            "phalanx_restart_to_cell_s": stats(runs["restart"]),
+            "fresh_engines_restart_to_cell_s": stats(runs["fresh_restart"]),
+            "ratio_restart_fresh_vs_forked": med["fresh_restart"] / med["restart"],
             "ratio_ready_vs_bare": med["bare"] / med["ready"],
             "ratio_first_cell_vs_bare": med["bare"] / med["first"],
             "ratio_first_cell_fresh_vs_forked": med["fresh_first"] / med["first"],
             "ratio_stop_vs_bare": med["bare_stop"] / med["stop"]}
     for key in ("bare_ipyparallel_s", "phalanx_ready_s", "phalanx_first_cell_s",
                 "fresh_engines_ready_s", "fresh_engines_first_cell_s",
+                "phalanx_restart_to_cell_s", "fresh_engines_restart_to_cell_s",
                 "bare_ipyparallel_stop_s", "phalanx_stop_s"):
         s = data[key]
         print(f"{key:28s} {s['median']:6.2f} s (min {s['min']:.2f}, max {s['max']:.2f})")
