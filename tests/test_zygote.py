@@ -162,3 +162,32 @@ def test_the_fork_server_can_be_turned_off(no_cluster, monkeypatch):
     assert session.cluster.process_ids()["zygote"] == []
     assert _probe(session)[0]["ppid"] == os.getpid()
     assert _total(session) == 1.0
+
+
+def test_the_zygote_refuses_a_gpu_engine_and_a_garbled_request(capsys):
+    """Defence in depth behind the kernel's own routing: an engine given a GPU, or a request
+    that cannot be read, gets a refusal (its proxy then starts the engine itself); the zygote
+    keeps serving and, stopped, leaves nothing."""
+    import json
+    import socket
+
+    from phalanx.cluster._zygote_handle import ZygoteHandle
+    from phalanx.cluster._zygote_proxy import run_forked
+
+    zygote = ZygoteHandle.start()
+    assert zygote is not None
+    try:
+        env = {**os.environ, **zygote.environment(), "CUDA_VISIBLE_DEVICES": "0"}
+        assert run_forked(["ipyparallel.engine"], environ=env) is None
+        assert "it may use a GPU" in capsys.readouterr().err
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        conn.connect(zygote.path)
+        conn.send(b"not json")
+        assert "could not be read" in json.loads(conn.recv(4096))["refused"]
+        conn.close()
+        env["CUDA_VISIBLE_DEVICES"] = "1"
+        assert run_forked(["ipyparallel.engine"], environ=env) is None
+        assert zygote.proc.poll() is None
+    finally:
+        zygote.close()
+    assert zygote.proc.poll() is not None and not os.path.exists(os.path.dirname(zygote.path))

@@ -136,6 +136,8 @@ class Zygote:
             try:
                 request = json.loads(data)
                 why = self.refusal or environment_mismatch(self.env, request["env"])
+                if why is None and request["env"].get("CUDA_VISIBLE_DEVICES") != "":
+                    why = "it may use a GPU (CUDA state must not cross a fork)"
             except (ValueError, KeyError, TypeError, AttributeError):
                 why = "its request could not be read"
             if why is None and len(fds) != 3:
@@ -265,6 +267,9 @@ def main(argv: list[str]) -> None:
     if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
         del sys.path[0]  # run as a script: its folder must not shadow anything
     os.umask(0o077)
+    # It serves CPU engines only (their CUDA_VISIBLE_DEVICES is empty): anything an import asks
+    # of CUDA, and caches, must then say "no device" too.
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
     kernel = os.environ.get("PHALANX_PARENT_PID")
     try:
         zygote = Zygote(argv[0], int(kernel) if kernel else None)
