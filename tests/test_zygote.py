@@ -99,22 +99,31 @@ def test_a_killed_forked_engine_is_seen_dead_and_its_restart_is_forked(cluster_s
 
 
 @pytest.mark.slow
-def test_a_killed_stand_in_takes_its_engine_and_a_lost_zygote_falls_back(no_cluster):
-    """The process ipyparallel launched and the engine are one: killing the first ends the
-    second.  With the zygote gone, a restart starts the engine as a separate process."""
+def test_a_killed_stand_in_or_zygote_takes_its_engines_and_restarts_start_fresh(no_cluster):
+    """The process ipyparallel launched and the engine are one: killing either ends the other.
+    A killed zygote takes its engines along (each reported dead, nothing left unaccounted);
+    with the zygote gone, restarted engines start as separate processes."""
     session = no_cluster
-    session.start_cluster(n=1, gpus="none", timeout=60)
+    session.start_cluster(n=2, gpus="none", timeout=60)
     zygote = _zygote_pid(session)
-    engine = engine_pids(session)[0]
+    engines = engine_pids(session)
     stand_ins = [p for p in session.cluster.process_ids()["zygote"] if p != zygote]
-    assert len(stand_ins) == 1 and stand_ins[0] != engine
+    assert len(stand_ins) == 2 and not set(stand_ins) & set(engines)
     os.kill(stand_ins[0], signal.SIGKILL)
-    assert_all_gone([engine], timeout=15)
-    _wait(lambda: session.cluster.slots()[0].state == "dead", what="the engine marked dead")
+    _wait(lambda: sum(s.state == "dead" for s in session.cluster.slots()) == 1,
+          what="the engine of the killed stand-in marked dead")
+    gone = [s.pid for s in session.cluster.slots() if s.state == "dead"]
+    assert_all_gone(gone, timeout=15)
     os.kill(zygote, signal.SIGKILL)
-    session.restart(0)
-    assert _probe(session)[0]["ppid"] != zygote
-    assert _total(session) == 1.0
+    # (the stand-ins are this process's children: waiting on them here would reap them before
+    # ipyparallel's own wait reads their exit; their slots turning dead says they exited)
+    assert_all_gone([zygote, *engines], timeout=15)
+    _wait(lambda: all(s.state == "dead" for s in session.cluster.slots()),
+          what="every engine marked dead")
+    assert {s.exit_code for s in session.cluster.slots()} == {-signal.SIGKILL}
+    session.restart()
+    assert all(i["ppid"] not in (zygote, 1) for i in _probe(session))
+    assert _total(session) == 2.0
     pids = engine_pids(session)
     session.stop_cluster()
     assert_all_gone(pids)

@@ -14,7 +14,8 @@ nothing listens on the network and only the user can ask it for anything.  The p
 ipyparallel launches for an engine stays the usual supervised command (:mod:`._supervise`); it
 asks the zygote for the engine (:mod:`._zygote_proxy`) and stands for it: it passes its standard
 streams, environment, working directory and arguments, forwards the signals it gets, and exits
-as the engine exits.  A proxy that is killed takes its engine with it.
+as the engine exits.  A proxy that is killed takes its engine with it, and so does a zygote
+that is killed: a stand-in never outlives its engine, nor an engine its stand-in.
 
 What is shared by forking is only what importing creates.  The zygote never computes, creates no
 thread and initialises no CUDA: it serves CPU engines only (a GPU engine always starts fresh, as
@@ -99,6 +100,7 @@ class Zygote:
         self.refusal: str | None = None
         self.selector = selectors.DefaultSelector()
         self.server = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.pid = os.getpid()
         self.engines: dict[int, tuple[socket.socket, int]] = {}  # pidfd -> (connection, pid)
         # The kernel's end is seen at once through a pidfd (the kernel starts a zygote only
         # where pidfds exist); opening it fails only if the kernel is already gone.
@@ -168,6 +170,7 @@ class Zygote:
             return pid
         try:  # the engine: nothing of the zygote's serving is kept
             os.setsid()
+            _die_with(zygote=self.pid)
             for target, fd in enumerate(fds):
                 os.dup2(fd, target)
             keep = {0, 1, 2}
@@ -251,6 +254,18 @@ def _kill(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def _die_with(zygote: int) -> None:
+    """The engine ends when the zygote does (``PR_SET_PDEATHSIG``): a zygote killed under its
+    engines takes them along, as one fault that their stand-ins report, rather than leaving
+    engines that nothing stands for."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != zygote:  # it died before the signal was armed
+        os._exit(1)
 
 
 def _reseed() -> None:

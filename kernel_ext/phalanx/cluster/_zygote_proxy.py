@@ -56,7 +56,13 @@ def run_forked(argv: list[str], environ: dict | None = None) -> tuple[str, int] 
             outcome = {}
     if "signal" in outcome:
         return "signal", int(outcome["signal"])
-    return "exit", int(outcome.get("exit", 1))
+    if "exit" in outcome:
+        return "exit", int(outcome["exit"])
+    # The zygote went first (killed): the kernel ends its engines with it (they are its children,
+    # with SIGKILL as their parent-death signal).  Stand for this one until it is gone.
+    _wait_gone(pid)
+    _say("the engines' fork server is gone, and this engine with it")
+    return "signal", signal.SIGKILL
 
 
 def exit_like(outcome: tuple[str, int]) -> None:
@@ -91,6 +97,19 @@ def _connect(path: str | None, zygote_pid: str | None) -> socket.socket | None:
             _say(f"the zygote was not ready within {READY_WAIT_S:.0f} s; starting the engine here")
             return None
         time.sleep(POLL_S)
+
+
+def _wait_gone(pid: int) -> None:
+    import select
+
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        select.select([fd], [], [])  # readable once the process has exited
+    finally:
+        os.close(fd)
 
 
 def _forward_signals_to(pid: int) -> None:
