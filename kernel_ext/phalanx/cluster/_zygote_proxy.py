@@ -58,8 +58,8 @@ def run_forked(argv: list[str], environ: dict | None = None) -> tuple[str, int] 
         return "signal", int(outcome["signal"])
     if "exit" in outcome:
         return "exit", int(outcome["exit"])
-    # The zygote went first (killed): the kernel ends its engines with it (they are its children,
-    # with SIGKILL as their parent-death signal).  Stand for this one until it is gone.
+    # The zygote went first (killed): the operating system ends its engines with it (they are
+    # its children, with SIGKILL as their parent-death signal).  Stand for this one until gone.
     _wait_gone(pid)
     _say("the engines' fork server is gone, and this engine with it")
     return "signal", signal.SIGKILL
