@@ -159,6 +159,7 @@ class Chaos:
         pids = [p for ps in self.session.cluster.process_ids().values() for p in ps] \
             if self.session.cluster.running else []
         self.session.stop_cluster()
+        self.session.cluster.close_fork_server()  # kept for a next cluster; chaos ends here
         if self._saved_tmpdir is None:
             os.environ.pop("TMPDIR", None)
         else:

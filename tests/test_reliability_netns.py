@@ -73,10 +73,11 @@ def namespaces():
 
 def _start_engine(ns: str, address: str, connection_file: str, log) -> subprocess.Popen:
     env = {**os.environ, "PHALANX_SLOT": f"{ns}-0", "PHALANX_HOST": ns, "PHALANX_ADDRESS": address}
+    from phalanx.cluster._heartbeat import ENGINE_ARGS
     from phalanx.cluster._supervise import command as supervised
 
     command = ["ip", "netns", "exec", ns, *supervised("ipyparallel.engine"),
-               f"--file={connection_file}", "--IPEngine.max_heartbeat_misses=10"]
+               f"--file={connection_file}", *ENGINE_ARGS]
     return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 

@@ -1,6 +1,7 @@
 """Local CPU engines forked from the cluster's zygote (cluster/_zygote.py): the engines behave as
 separately started ones would, every way an engine or its stand-in can end is seen as the
-engine's end, and nothing of the zygote outlives its cluster."""
+engine's end, and the zygote serves the kernel's next cluster, then ends with the session or
+after a while without engines."""
 
 from __future__ import annotations
 
@@ -146,20 +147,87 @@ def test_an_engine_the_zygote_cannot_serve_starts_fresh(no_cluster, monkeypatch)
     assert_all_gone(pids)
 
 
+def _fork_servers() -> set[int]:
+    """This process's fork servers (the shell's session here keeps one of its own)."""
+    found = set()
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if "_zygote.py" in " ".join(child.cmdline()) and child.status() != "zombie":
+                found.add(child.pid)
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
 @pytest.mark.slow
-def test_stop_leaves_no_zygote_socket_or_process(no_cluster):
-    session = no_cluster
-    session.start_cluster(n=2, gpus="none", timeout=60)
-    zygote = _zygote_pid(session)
-    socket_dir = os.path.dirname(session.cluster._zygote.path)
-    everything = [p for pids in session.cluster.process_ids().values() for p in pids]
-    assert zygote in everything
-    assert oct(os.stat(socket_dir).st_mode & 0o777) == "0o700"
-    session.stop_cluster()
-    assert_all_gone(everything)
-    assert not os.path.exists(socket_dir)
-    assert not [c for c in psutil.Process().children(recursive=True)
-                if "_zygote.py" in " ".join(c.cmdline())]
+def test_the_fork_server_serves_the_next_cluster_and_ends_with_the_session():
+    """%cluster stop keeps the fork server (private socket, no engine) and the next start forks
+    its engines from it; closing the session ends it and removes its socket."""
+    from phalanx._session import Session
+
+    before = _fork_servers()
+    session = Session()
+    try:
+        session.start_cluster(n=2, gpus="none", timeout=60)
+        zygote = _zygote_pid(session)
+        socket_dir = os.path.dirname(session.cluster._zygote.path)
+        assert oct(os.stat(socket_dir).st_mode & 0o777) == "0o700"
+        others = [p for pids in session.cluster.process_ids().values() for p in pids
+                  if p != zygote]
+        session.stop_cluster()
+        assert_all_gone(others)
+        assert _fork_servers() - before == {zygote} and os.path.isdir(socket_dir)
+        _wait(lambda: psutil.Process(zygote).children() == [], what="its engines reaped")
+
+        restarted = time.monotonic()
+        session.start_cluster(n=2, gpus="none", timeout=60)
+        print(f"measured: second %cluster start {time.monotonic() - restarted:.2f} s")
+        assert [i["ppid"] for i in _probe(session)] == [zygote, zygote]
+        assert _total(session) == 2.0
+    finally:
+        session.close()
+    assert_all_gone([zygote])
+    assert not os.path.exists(socket_dir) and _fork_servers() == before
+
+
+@pytest.mark.slow
+def test_an_idle_fork_server_ends_and_changed_variables_get_a_new_one(monkeypatch):
+    """PHALANX_FORK_SERVER_IDLE_S: a stopped cluster's fork server ends after that long without
+    engines (its socket removed), and the next start brings a new one; so does a variable read
+    at import time that changed since the server started.  A value that is not a number of
+    seconds is refused before anything starts."""
+    from phalanx._session import Session
+    from phalanx.cluster import ClusterError
+
+    monkeypatch.setenv("PHALANX_FORK_SERVER_IDLE_S", "an hour")
+    before = _fork_servers()
+    session = Session()
+    try:
+        with pytest.raises(ClusterError, match="PHALANX_FORK_SERVER_IDLE_S='an hour' is not a"):
+            session.start_cluster(n=1, gpus="none", timeout=60)
+        assert not session.cluster.running and _fork_servers() == before
+
+        monkeypatch.setenv("PHALANX_FORK_SERVER_IDLE_S", "1")
+        session.start_cluster(n=1, gpus="none", timeout=60)
+        idle = _zygote_pid(session)
+        socket_dir = os.path.dirname(session.cluster._zygote.path)
+        session.stop_cluster()
+        assert_all_gone([idle], timeout=15)
+        _wait(lambda: not os.path.exists(socket_dir), what="the idle server's socket removed")
+
+        session.start_cluster(n=1, gpus="none", timeout=60)
+        first = _zygote_pid(session)
+        assert first != idle and _probe(session)[0]["ppid"] == first
+        session.stop_cluster()
+        monkeypatch.setenv("PHALANX_FORK_SERVER_IDLE_S", "600")
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")  # libgomp reads it when torch is imported
+        session.start_cluster(n=1, gpus="none", timeout=60)
+        second = _zygote_pid(session)
+        assert second != first and _probe(session)[0]["ppid"] == second
+        assert_all_gone([first])  # replaced, not left beside the new one
+    finally:
+        session.close()
+    assert _fork_servers() == before
 
 
 @pytest.mark.slow

@@ -305,6 +305,7 @@ class Session(RunHistoryQueries):
             self._stop_dask()
             self.cluster.stop()
         finally:
+            self.cluster.close_fork_server()
             self.fits.close()
             lab = getattr(self, "lab_comm", None)
             if lab is not None:

@@ -12,6 +12,7 @@ import socket
 import subprocess
 
 from ._gpus import assign_devices, pinning_env
+from ._heartbeat import ENGINE_ARGS
 from ._probe import warm_up
 from ._ranks import EngineSlot
 from ._registration import await_registration, pin_group
@@ -20,9 +21,6 @@ from ._warden import launched_processes
 
 log = logging.getLogger("phalanx")
 
-# An engine that misses 10 of the controller's once-a-second heartbeat checks (~15 s) exits,
-# so a lost controller leaves no engine waiting for it for minutes.
-_ENGINE_ARGS = ["--IPEngine.max_heartbeat_misses=10"]
 
 
 class EngineStartMixin(ManagerState):
@@ -87,7 +85,7 @@ class EngineStartMixin(ManagerState):
         return slot
 
     def _start_set(self, set_id: str, count: int, env: dict[str, str]) -> None:
-        kwargs = {"engine_args": list(_ENGINE_ARGS),
+        kwargs = {"engine_args": list(ENGINE_ARGS),
                   **self._launcher.engine_kwargs(set_id, count, env)}
         assert self._runner is not None and self._warden is not None  # set by start()
         try:

@@ -28,6 +28,7 @@ from typing import Any, Callable
 from ._errors import ClusterError
 from ._engines import EngineStartMixin
 from ._gpus import GpuSpec, assign_devices, default_engine_count, parse_gpu_spec, visible_gpus
+from ._heartbeat import CONTROLLER_ARGS
 from ._loop import LoopThread
 from ._launchers import Launcher, LaunchOptions, make_launcher
 from ._procs import (check_count, kill_leftovers, local_pids, terminate_together,
@@ -36,13 +37,10 @@ from ._ranks import EngineSlot, RankTable
 from ._reporting import AdoptionMixin, StatusMixin
 from ._supervise import command as supervised, parent_env
 from ._warden import Warden, launched_processes
-from ._zygote_handle import ZygoteHandle
+from ._zygote_handle import ZygoteHandle, fork_server_idle_s
 
 log = logging.getLogger("phalanx")
 
-# Heartbeats fast enough that a dead engine or a lost controller is noticed in seconds, not
-# minutes: the controller pings every second (engines give up on it in cluster/_engines.py).
-_CONTROLLER_ARGS = ["--HeartMonitor.period=1000", "--HeartMonitor.max_heartmonitor_misses=5"]
 # The controller and engines on this host run under phalanx's supervisor (cluster/_supervise.py):
 # a private umask (connection files are owner-only from the moment they exist) and a watchdog
 # that stops them when the kernel is gone.  A watchdog process per cluster (cluster/_warden.py)
@@ -65,7 +63,8 @@ class ClusterManager(StatusMixin, AdoptionMixin, EngineStartMixin):
         self._lock = threading.RLock()
         self._runner: LoopThread | None = None
         self._warden: Warden | None = None
-        self._zygote: ZygoteHandle | None = None
+        self._zygote: ZygoteHandle | None = None  # kept across clusters (see _start_zygote)
+        self._fork_server_idle_s = 0.0
         self._cluster: Any = None
         self.client: Any = None
         self.launcher = "local"
@@ -126,6 +125,10 @@ class ClusterManager(StatusMixin, AdoptionMixin, EngineStartMixin):
             raise ClusterError(f"a cluster is already running with {self.size} engine(s); "
                                "use %cluster scale N to resize it or %cluster stop first")
         spec = parse_gpu_spec(gpus)
+        try:
+            fork_idle_s = fork_server_idle_s()
+        except ValueError as exc:
+            raise ClusterError(str(exc)) from None
         options = options or LaunchOptions()
         if controller_ip:
             options = LaunchOptions(**{**vars(options), "ip": controller_ip})
@@ -137,6 +140,7 @@ class ClusterManager(StatusMixin, AdoptionMixin, EngineStartMixin):
         if chosen.engines_here:  # decide devices before starting
             assign_devices(spec, [socket.gethostname()] * count, {socket.gethostname(): local_gpus})
         self.gpu_spec, self._gpus, self.timeout = spec, local_gpus, timeout
+        self._fork_server_idle_s = fork_idle_s
         self.launcher, self._launcher = chosen.name, chosen
         self._runner = LoopThread()
         self._warden = Warden.start()
@@ -151,21 +155,32 @@ class ClusterManager(StatusMixin, AdoptionMixin, EngineStartMixin):
 
     def _start_zygote(self, local_gpus: list[str]) -> None:
         """Local CPU engines are forked from a process that imported torch once (it imports
-        while the controller starts); GPU engines start fresh: CUDA state must not cross a fork."""
-        if not self._launcher.forks_engines or (self.gpu_spec.mode != "none" and local_gpus) \
-                or os.environ.get("PHALANX_FORK_SERVER") == "0":
-            return
-        self._zygote = ZygoteHandle.start()
-        if self._zygote is not None and self._warden is not None:
-            process = self._zygote.process()
-            self._warden.watch([process] if process is not None else [])
+        while the first controller starts, and serves the kernel's later clusters too); GPU
+        engines start fresh: CUDA state must not cross a fork.
+
+        The zygote is not the cluster watchdog's to end: it outlives ``%cluster stop`` (for
+        ``PHALANX_FORK_SERVER_IDLE_S``, default 600 s, without engines) and ends by itself
+        when the kernel does."""
+        wanted = self._launcher.forks_engines and not (self.gpu_spec.mode != "none" and local_gpus) \
+            and os.environ.get("PHALANX_FORK_SERVER") != "0"
+        kept = self._zygote
+        if kept is not None and not (wanted and kept.serves({**os.environ, **parent_env()})):
+            self.close_fork_server()  # ended, turned off, or imported under other variables
+        if wanted and self._zygote is None:
+            self._zygote = ZygoteHandle.start(idle_s=self._fork_server_idle_s)
+
+    def close_fork_server(self) -> None:
+        """Stop the kept fork server (the session's end; ``%cluster stop`` keeps it)."""
+        zygote, self._zygote = self._zygote, None
+        if zygote is not None:
+            zygote.close()
 
     async def _start_controller(self, profile: str | None) -> None:
         import ipyparallel as ipp
 
         kwargs: dict[str, Any] = dict(
             engines=self._launcher.name, delay=0, engine_timeout=int(self.timeout),
-            controller_args=list(_CONTROLLER_ARGS), shutdown_atexit=True, log=quiet_logger(),
+            controller_args=list(CONTROLLER_ARGS), shutdown_atexit=True, log=quiet_logger(),
             parent=None)
         if profile and os.sep in profile:  # a profile's folder rather than its name
             kwargs["profile_dir"] = os.path.abspath(os.path.expanduser(profile))
@@ -201,7 +216,6 @@ class ClusterManager(StatusMixin, AdoptionMixin, EngineStartMixin):
             for slot in self._slots.values():
                 slot.state = "stopping"
         cluster, client, runner, warden = self._cluster, self.client, self._runner, self._warden
-        zygote, self._zygote = self._zygote, None
         self._cluster = self.client = self._runner = self._warden = None
         sets = list(cluster.engines.values()) if cluster is not None else []
         try:
@@ -223,8 +237,8 @@ class ClusterManager(StatusMixin, AdoptionMixin, EngineStartMixin):
         finally:
             kill_leftovers(pids)
             self._await_gone(sets)
-            if zygote is not None:  # after the engines: it would kill any still running
-                zygote.close()
+            if not self._fork_server_idle_s:  # kept only where it may outlive the cluster
+                self.close_fork_server()  # after the engines: it would kill any still running
             if warden is not None:  # it ends what the stop left (a dead controller's schedulers)
                 warden.close()
             if runner is not None:

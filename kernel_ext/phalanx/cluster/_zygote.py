@@ -1,13 +1,13 @@
-"""A fork server for local CPU engines: torch is imported once per cluster, not once per engine.
+"""A fork server for local CPU engines: torch is imported once per kernel, not once per engine.
 
 A fresh engine process spends about 5 s of CPU importing ipyparallel's engine, torch, torch's
 compiler front end (every optimizer's first ``add_param_group`` imports ``torch._dynamo``) and
 phalanx's runtime before it can run a first training cell; two engines on two cores pay that
 twice at every ``%cluster start``, and again for every engine a restart or a scale-up brings.
-This process (the *zygote*) pays it once, while the controller starts, and then forks each engine
-from its already-imported state::
+This process (the *zygote*) pays it once, while the first controller starts, and then forks each
+engine from its already-imported state, for this cluster and the kernel's next ones::
 
-    python .../phalanx/cluster/_zygote.py SOCKET
+    python .../phalanx/cluster/_zygote.py SOCKET [IDLE_S]
 
 It listens on a Unix socket (``SEQPACKET``) inside a private 0700 directory of the kernel's, so
 nothing listens on the network and only the user can ask it for anything.  The process that
@@ -24,8 +24,9 @@ CUDA state must not cross a fork).  Each engine gets its own session, the proxy'
 import time, below: what was read then would be wrong) and a fresh seed for numpy's global
 generator (Python's ``random`` reseeds itself after a fork).
 
-The zygote ends with the kernel (a pidfd on the kernel's process) or on SIGTERM, killing the
-engines it forked that still run, and removes its socket's directory.
+The zygote ends with the kernel (a pidfd on the kernel's process), on SIGTERM, or once it has
+served no engine for ``IDLE_S`` seconds (a stopped cluster's fork server does not hold its memory
+for good), killing the engines it forked that still run, and removes its socket's directory.
 """
 
 from __future__ import annotations
@@ -94,8 +95,8 @@ def cuda_touched() -> bool:
 class Zygote:
     """The serving loop: one connection per engine, single-threaded (forking stays safe)."""
 
-    def __init__(self, path: str, kernel_pid: int | None) -> None:
-        self.path = path
+    def __init__(self, path: str, kernel_pid: int | None, idle_s: float | None = None) -> None:
+        self.path, self.idle_s = path, idle_s
         self.env = dict(os.environ)
         self.refusal: str | None = None
         self.selector = selectors.DefaultSelector()
@@ -113,7 +114,10 @@ class Zygote:
         if self.kernel_fd is not None:
             self.selector.register(self.kernel_fd, selectors.EVENT_READ, "kernel")
         while True:
-            for key, _ in self.selector.select():
+            events = self.selector.select(self._idle_left())
+            if not events and not self.engines:
+                return  # idle for idle_s: the next cluster starts another zygote
+            for key, _ in events:
                 kind = key.data
                 if kind == "kernel":
                     return
@@ -126,6 +130,10 @@ class Zygote:
                     self._proxy_gone(key.fileobj)  # type: ignore[arg-type]
                 elif kind == "engine":
                     self._engine_exited(key.fd)
+
+    def _idle_left(self) -> float | None:
+        """How long to wait for a request before ending; None (for ever) while engines run."""
+        return None if self.engines or not self.idle_s else self.idle_s
 
     def _request(self, conn: socket.socket) -> None:
         self.selector.unregister(conn)
@@ -277,8 +285,8 @@ def _reseed() -> None:
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) != 1:
-        raise SystemExit("usage: python _zygote.py SOCKET")
+    if len(argv) not in (1, 2):
+        raise SystemExit("usage: python _zygote.py SOCKET [IDLE_S]")
     if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
         del sys.path[0]  # run as a script: its folder must not shadow anything
     os.umask(0o077)
@@ -287,7 +295,8 @@ def main(argv: list[str]) -> None:
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
     kernel = os.environ.get("PHALANX_PARENT_PID")
     try:
-        zygote = Zygote(argv[0], int(kernel) if kernel else None)
+        zygote = Zygote(argv[0], int(kernel) if kernel else None,
+                        float(argv[1]) if len(argv) == 2 else None)
     except ProcessLookupError:  # the kernel is gone already
         os._exit(0)
     missing = preload()

@@ -1,11 +1,12 @@
 """The kernel's side of the zygote (:mod:`._zygote`): start it with a local CPU cluster, tell
-engines where it is, stop it with the cluster.
+engines where it is, keep it for the kernel's next cluster, stop it with the session.
 
 Example (what :class:`~._manager.ClusterManager` does)::
 
-    zygote = ZygoteHandle.start()            # None where it cannot run: engines start fresh
+    zygote = ZygoteHandle.start(idle_s=600)  # None where it cannot run: engines start fresh
     env = zygote.environment() if zygote else {}
     ...                                       # engines launched with env are forked from it
+    zygote.serves(dict(os.environ))           # next cluster: still running, same imports?
     zygote.close()
 """
 
@@ -21,24 +22,49 @@ import psutil
 
 from .._scratch import ScratchDir
 from ._supervise import parent_env
-from ._zygote import ENV_PID, ENV_SOCKET
+from ._zygote import ENV_PID, ENV_SOCKET, environment_mismatch
 
 log = logging.getLogger("phalanx")
 
 _MAX_SOCKET_PATH = 100  # a Unix socket's path has room for 107 bytes on Linux
 STOP_GRACE_S = 5.0
+IDLE_VARIABLE = "PHALANX_FORK_SERVER_IDLE_S"
+# A stopped cluster's fork server waits this long for the kernel's next cluster: a stop and start
+# (to change the engine count or launcher, or after a fault) then skips the imports, and a kernel
+# that is done with clusters gets the memory (about 100 MB of its own) back in minutes.
+DEFAULT_IDLE_S = 600.0
+
+
+def fork_server_idle_s() -> float:
+    """How long a stopped cluster's fork server waits for the next cluster (0: it stops with
+    its cluster), from ``PHALANX_FORK_SERVER_IDLE_S``; a value that is not a number of seconds
+    is refused with what to write instead."""
+    raw = os.environ.get(IDLE_VARIABLE, "").strip()
+    if not raw:
+        return DEFAULT_IDLE_S
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):
+        raise ValueError(f"{IDLE_VARIABLE}={raw!r} is not a number of seconds: set it to how long "
+                         "a stopped cluster's fork server waits for the next cluster (0 stops it "
+                         f"with the cluster; unset means {DEFAULT_IDLE_S:.0f})")
+    return seconds
 
 
 class ZygoteHandle:
     """One running zygote process and its private socket directory."""
 
-    def __init__(self, proc: subprocess.Popen, path: str, scratch: ScratchDir) -> None:
-        self.proc, self.path, self._scratch = proc, path, scratch
+    def __init__(self, proc: subprocess.Popen, path: str, scratch: ScratchDir,
+                 env: dict[str, str]) -> None:
+        self.proc, self.path, self._scratch, self.env = proc, path, scratch, env
 
     @classmethod
-    def start(cls) -> "ZygoteHandle | None":
-        """Start a zygote; ``None`` (engines then start as separate processes) where the
-        platform has no ``fork``/pidfd or the socket's path would be too long."""
+    def start(cls, idle_s: float | None = None) -> "ZygoteHandle | None":
+        """Start a zygote that ends after ``idle_s`` seconds without engines (``None``: only
+        with the kernel or :meth:`close`); ``None`` (engines then start as separate processes)
+        where the platform has no ``fork``/pidfd or the socket's path would be too long."""
         if not hasattr(os, "fork") or not hasattr(os, "pidfd_open"):
             return None
         scratch = ScratchDir("zygote")
@@ -47,10 +73,11 @@ class ZygoteHandle:
             scratch.remove()
             return None
         script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_zygote.py")
+        env = {**os.environ, **parent_env()}
+        command = [sys.executable, script, path, *([repr(float(idle_s))] if idle_s else [])]
         try:
             with open(os.path.join(scratch.path, "zygote.log"), "ab") as errors:
-                proc = subprocess.Popen([sys.executable, script, path],
-                                        env={**os.environ, **parent_env()},
+                proc = subprocess.Popen(command, env=env,
                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                         stderr=errors, start_new_session=True)
         except OSError as exc:
@@ -58,7 +85,7 @@ class ZygoteHandle:
                         "as separate processes", exc)
             scratch.remove()
             return None
-        return cls(proc, path, scratch)
+        return cls(proc, path, scratch, env)
 
     @property
     def pid(self) -> int:
@@ -70,6 +97,11 @@ class ZygoteHandle:
             return psutil.Process(self.proc.pid)
         except psutil.NoSuchProcess:
             return None
+
+    def serves(self, env: dict[str, str]) -> bool:
+        """Whether it still runs and can fork engines whose environment is ``env`` (what it
+        imported read the same variables); one that ended on its own is reaped here."""
+        return self.proc.poll() is None and environment_mismatch(self.env, env) is None
 
     def environment(self) -> dict[str, str]:
         """What an engine's environment needs to be forked from this zygote."""
