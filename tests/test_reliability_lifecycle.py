@@ -27,13 +27,15 @@ CYCLES = 20
 BODY = "from phalanx import allreduce\ntotal = allreduce(1.0, op='sum')\n"
 
 
-def _footprint(engine_pids: set[int], fork_server: int) -> dict:
-    """What this process holds; the fork server that serves every cycle is not counted (it is
-    kept for the next cluster, and checked on its own).  Its engines are its children: one that
-    exited a moment ago may wait a few milliseconds to be reaped, so processes get a few seconds
-    to be gone before they count."""
+def _footprint(engine_pids: set[int], fork_server: int, before: set[int]) -> dict:
+    """What this process holds beyond the processes it had ``before`` (another session's kept
+    fork server, in a shared test process); the fork server that serves every cycle is not
+    counted (it is kept for the next cluster, and checked on its own).  Its engines are its
+    children: one that exited a moment ago may wait a few milliseconds to be reaped, so
+    processes get a few seconds to be gone before they count."""
     me = psutil.Process()
-    children = lambda: [p for p in descendants() if p.pid != fork_server]  # noqa: E731
+    children = lambda: [p for p in descendants()  # noqa: E731
+                        if p.pid != fork_server and p.pid not in before]
     deadline = time.monotonic() + 5
     while children() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -52,6 +54,7 @@ def test_twenty_start_run_stop_cycles_do_not_grow_the_kernel(figures):
     marks: dict[int, dict] = {}
     engine_pids: set[int] = set()  # every cycle's: their segments must all be gone
     fork_servers: set[int] = set()
+    before = {p.pid for p in descendants()}
     started = time.monotonic()
     try:
         for cycle in range(1, CYCLES + 1):
@@ -67,7 +70,7 @@ def test_twenty_start_run_stop_cycles_do_not_grow_the_kernel(figures):
             session.stop_cluster()
             gone = [psutil.Process(p) for p in pids if psutil.pid_exists(p)]
             assert not alive(psutil.wait_procs(gone, timeout=10)[1])
-            marks[cycle] = _footprint(engine_pids, fork_server)
+            marks[cycle] = _footprint(engine_pids, fork_server, before)
             print(f"cycle {cycle}: {time.monotonic() - started:.1f} s {marks[cycle]}", flush=True)
     finally:
         session.close()
