@@ -191,11 +191,11 @@ def test_the_fork_server_serves_the_next_cluster_and_ends_with_the_session():
 
 
 @pytest.mark.slow
-def test_an_idle_fork_server_ends_and_changed_variables_get_a_new_one(monkeypatch):
-    """PHALANX_FORK_SERVER_IDLE_S: a stopped cluster's fork server ends after that long without
-    engines (its socket removed), and the next start brings a new one; so does a variable read
-    at import time that changed since the server started.  A value that is not a number of
-    seconds is refused before anything starts."""
+def test_an_ended_fork_server_or_changed_variables_get_a_new_one(monkeypatch):
+    """A kept fork server that ended (as after its idle time) is replaced at the next start, and
+    so is one whose imports read a variable that changed since.  A value of
+    PHALANX_FORK_SERVER_IDLE_S that is not a number of seconds is refused before anything
+    starts."""
     from phalanx._session import Session
     from phalanx.cluster import ClusterError
 
@@ -206,20 +206,18 @@ def test_an_idle_fork_server_ends_and_changed_variables_get_a_new_one(monkeypatc
         with pytest.raises(ClusterError, match="PHALANX_FORK_SERVER_IDLE_S='an hour' is not a"):
             session.start_cluster(n=1, gpus="none", timeout=60)
         assert not session.cluster.running and _fork_servers() == before
+        monkeypatch.delenv("PHALANX_FORK_SERVER_IDLE_S")
 
-        monkeypatch.setenv("PHALANX_FORK_SERVER_IDLE_S", "1")
         session.start_cluster(n=1, gpus="none", timeout=60)
-        idle = _zygote_pid(session)
-        socket_dir = os.path.dirname(session.cluster._zygote.path)
+        ended = _zygote_pid(session)
         session.stop_cluster()
-        assert_all_gone([idle], timeout=15)
-        _wait(lambda: not os.path.exists(socket_dir), what="the idle server's socket removed")
-
+        os.kill(ended, signal.SIGTERM)  # what its idle time does
+        assert_all_gone([ended], timeout=15)
         session.start_cluster(n=1, gpus="none", timeout=60)
         first = _zygote_pid(session)
-        assert first != idle and _probe(session)[0]["ppid"] == first
+        assert first != ended and _probe(session)[0]["ppid"] == first
         session.stop_cluster()
-        monkeypatch.setenv("PHALANX_FORK_SERVER_IDLE_S", "600")
+
         monkeypatch.setenv("OMP_NUM_THREADS", "1")  # libgomp reads it when torch is imported
         session.start_cluster(n=1, gpus="none", timeout=60)
         second = _zygote_pid(session)
@@ -228,6 +226,22 @@ def test_an_idle_fork_server_ends_and_changed_variables_get_a_new_one(monkeypatc
     finally:
         session.close()
     assert _fork_servers() == before
+
+
+def test_a_fork_server_without_engines_ends_after_its_idle_time():
+    """Started with an idle time and never asked for an engine, the fork server ends by itself
+    once it has imported and waited that long, and removes its socket's directory."""
+    from phalanx.cluster._zygote_handle import ZygoteHandle
+
+    zygote = ZygoteHandle.start(idle_s=1.0)
+    assert zygote is not None
+    try:
+        _wait(lambda: os.path.exists(zygote.path), timeout=120, what="the server listening")
+        _wait(lambda: zygote.proc.poll() is not None, timeout=30, what="the idle server ended")
+        assert zygote.proc.returncode == 0 and not zygote.serves(dict(os.environ))
+        assert not os.path.exists(os.path.dirname(zygote.path))
+    finally:
+        zygote.close()
 
 
 @pytest.mark.slow

@@ -28,7 +28,7 @@ def await_registration(manager: Any, slots: list, controller_ip: str) -> None:
     while pending:
         check_sets(manager, slots, pending, waited_out=time.monotonic() > deadline)
         for eid in [e for e in manager.client.ids if e not in known and e not in probed]:
-            info = manager.client[eid].apply_sync(identify_engine, controller_ip)
+            info = probe(manager, eid, controller_ip, deadline)
             probed.add(eid)
             slot = match(info, pending)
             if slot is not None:
@@ -37,6 +37,22 @@ def await_registration(manager: Any, slots: list, controller_ip: str) -> None:
                 slot.host = host_label(info)
                 pending.pop(slot.slot_id)
         time.sleep(0.05)
+
+
+def probe(manager: Any, eid: int, controller_ip: str, deadline: float) -> dict:
+    """What a newly registered engine says about itself, by the start's deadline: an engine
+    that registered but never answers (wedged, or gone without the controller noticing yet)
+    fails the start with its name instead of leaving it waiting for ever."""
+    from ipyparallel import error
+
+    answer = manager.client[eid].apply_async(identify_engine, controller_ip)
+    try:
+        return answer.get(timeout=max(1.0, deadline - time.monotonic()))
+    except error.TimeoutError:
+        raise ClusterError(f"engine {eid} registered with the controller but did not answer "
+                           f"within the start's {manager.timeout:g} s; nothing was kept running. "
+                           "Run %cluster start again (a longer --timeout on a busy machine)") \
+            from None
 
 
 def pin_group(manager: Any, slots: list) -> None:
