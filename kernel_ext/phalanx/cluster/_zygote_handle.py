@@ -31,7 +31,8 @@ STOP_GRACE_S = 5.0
 IDLE_VARIABLE = "PHALANX_FORK_SERVER_IDLE_S"
 # A stopped cluster's fork server waits this long for the kernel's next cluster: a stop and start
 # (to change the engine count or launcher, or after a fault) then skips the imports, and a kernel
-# that is done with clusters gets the memory (about 100 MB of its own) back in minutes.
+# that is done with clusters gets the memory (about 300 MB once no engine shares it) back in
+# minutes.
 DEFAULT_IDLE_S = 600.0
 
 
