@@ -22,7 +22,6 @@ from ._warden import launched_processes
 log = logging.getLogger("phalanx")
 
 
-
 class EngineStartMixin(ManagerState):
     """New engines for :meth:`start`, :meth:`scale`, :meth:`restart` and :meth:`adopt`."""
 

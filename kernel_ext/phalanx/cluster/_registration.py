@@ -50,9 +50,9 @@ def probe(manager: Any, eid: int, controller_ip: str, deadline: float) -> dict:
         return answer.get(timeout=max(1.0, deadline - time.monotonic()))
     except error.TimeoutError:
         raise ClusterError(f"engine {eid} registered with the controller but did not answer "
-                           f"within the start's {manager.timeout:g} s; nothing was kept running. "
-                           "Run %cluster start again (a longer --timeout on a busy machine)") \
-            from None
+                           f"within {manager.timeout:g} s, so it was stopped; start it again "
+                           "(%cluster start, scale or restart; a longer --timeout on a busy "
+                           "machine)") from None
 
 
 def pin_group(manager: Any, slots: list) -> None:
