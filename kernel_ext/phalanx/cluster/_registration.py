@@ -41,8 +41,9 @@ def await_registration(manager: Any, slots: list, controller_ip: str) -> None:
 
 def probe(manager: Any, eid: int, controller_ip: str, deadline: float) -> dict:
     """What a newly registered engine says about itself, by the start's deadline: an engine
-    that registered but never answers (wedged, or gone without the controller noticing yet)
-    fails the start with its name instead of leaving it waiting for ever."""
+    that registered but never answers (wedged, or gone without the controller noticing yet),
+    or died before it answered, fails the start with its name instead of leaving it waiting
+    for ever or raising ipyparallel's own error."""
     from ipyparallel import error
 
     answer = manager.client[eid].apply_async(identify_engine, controller_ip)
@@ -53,6 +54,9 @@ def probe(manager: Any, eid: int, controller_ip: str, deadline: float) -> dict:
                            f"within {manager.timeout:g} s, so it was stopped; start it again "
                            "(%cluster start, scale or restart; a longer --timeout on a busy "
                            "machine)") from None
+    except error.EngineError as exc:  # it died between registering and answering
+        raise ClusterError(f"engine {eid} exited right after registering with the controller "
+                           f"({exc}); start it again (%cluster start, scale or restart)") from None
 
 
 def pin_group(manager: Any, slots: list) -> None:
