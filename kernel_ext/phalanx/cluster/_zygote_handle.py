@@ -18,8 +18,6 @@ import signal
 import subprocess
 import sys
 
-import psutil
-
 from .._scratch import ScratchDir
 from ._supervise import parent_env
 from ._zygote import ENV_PID, ENV_SOCKET, environment_mismatch
@@ -91,13 +89,6 @@ class ZygoteHandle:
     @property
     def pid(self) -> int:
         return self.proc.pid
-
-    def process(self) -> psutil.Process | None:
-        """The zygote as a psutil process (for the cluster's watchdog), if it still runs."""
-        try:
-            return psutil.Process(self.proc.pid)
-        except psutil.NoSuchProcess:
-            return None
 
     def serves(self, env: dict[str, str]) -> bool:
         """Whether it still runs and can fork engines whose environment is ``env`` (what it
