@@ -168,7 +168,7 @@ def test_run_view_draws_each_ranks_step_parts_as_a_stacked_bar():
     assert 'data-part="data"' in slow and "slow: data &amp; forward 91% of step time" in slow
 
 
-@pytest.mark.parametrize("module", ["runtime._timing", "fit._timing", "fit._step_parts",
+@pytest.mark.parametrize("module", ["runtime._timing", "runtime._profile", "fit._timing", "fit._step_parts",
                                     "fit._parts_series", "widgets._parts_bar"])
 def test_examples_in_the_docstrings_hold(module):
     import doctest
