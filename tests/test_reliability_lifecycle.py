@@ -68,8 +68,7 @@ def test_twenty_start_run_stop_cycles_do_not_grow_the_kernel(figures):
                     if p != fork_server]
             engine_pids.update(pids)
             session.stop_cluster()
-            gone = [psutil.Process(p) for p in pids if psutil.pid_exists(p)]
-            assert not alive(psutil.wait_procs(gone, timeout=10)[1])
+            assert_all_gone(pids)
             marks[cycle] = _footprint(engine_pids, fork_server, before)
             print(f"cycle {cycle}: {time.monotonic() - started:.1f} s {marks[cycle]}", flush=True)
     finally:

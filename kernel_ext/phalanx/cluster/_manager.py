@@ -31,7 +31,7 @@ from ._gpus import GpuSpec, assign_devices, default_engine_count, parse_gpu_spec
 from ._heartbeat import CONTROLLER_ARGS
 from ._loop import LoopThread
 from ._launchers import Launcher, LaunchOptions, make_launcher
-from ._procs import (check_count, kill_leftovers, local_pids, terminate_together,
+from ._procs import (check_count, children_of, kill_leftovers, local_pids, terminate_together,
                      is_adopted, quiet_logger, shutdown_engines)
 from ._ranks import EngineSlot, RankTable
 from ._reporting import AdoptionMixin, StatusMixin
@@ -212,6 +212,7 @@ class ClusterManager(StatusMixin, AdoptionMixin, EngineStartMixin):
     def _teardown(self) -> None:
         with self._lock:
             pids = local_pids(self._slots.values())
+            nannies = children_of(pids)
             asked = [s.engine_id for s in self._slots.values() if self._ask_to_exit(s)]
             for slot in self._slots.values():
                 slot.state = "stopping"
@@ -236,6 +237,10 @@ class ClusterManager(StatusMixin, AdoptionMixin, EngineStartMixin):
             log.warning("phalanx: stopping the cluster raised %s; killing leftovers", exc)
         finally:
             kill_leftovers(pids)
+            # Each engine's nanny, once its engine is gone, tells the controller so and lingers
+            # 3 s trying when the controller has stopped too (ipyparallel's LINGER): with the
+            # whole cluster gone there is no one left to tell.
+            terminate_together(nannies, grace=1.0)
             self._await_gone(sets)
             if not self._fork_server_idle_s:  # kept only where it may outlive the cluster
                 self.close_fork_server()  # after the engines: it would kill any still running

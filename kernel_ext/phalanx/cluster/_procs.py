@@ -49,6 +49,19 @@ def local_pids(slots: Any) -> list[int]:
     return [s.pid for s in slots if s.pid and is_local(s)]
 
 
+def children_of(pids: list[int]) -> list[int]:
+    """Every live descendant of ``pids`` (an engine's nanny, a data loader's workers)."""
+    import psutil
+
+    out = []
+    for pid in pids:
+        try:
+            out += [c.pid for c in psutil.Process(pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            continue
+    return out
+
+
 def shutdown_engines(client: Any, engine_ids: list, wait_s: float = 5.0) -> bool:
     """Ask engines to exit through the controller (phalanx cannot signal adopted or remote
     ones), and give them a moment to unregister: an engine's nanny that finds the controller
@@ -90,8 +103,15 @@ def memory_mb(pid: int | None, host: str) -> float | None:
 
 
 def wait_gone(pids: list[int], timeout: float) -> list:
-    """Wait up to ``timeout`` s for ``pids`` to exit; the processes still running (zombies count
-    as gone: they only wait for their parent to reap them)."""
+    """Wait up to ``timeout`` s for ``pids`` to exit; the processes still running.
+
+    A zombie counts as gone: it has exited and only waits for its parent to reap it.  That
+    parent may be init, for a process whose own parent died first (an engine's nanny), and init
+    may take a second or more: waiting for the process to vanish from the process table would
+    wait for init, so this polls and returns as soon as none is running.  Our own children are
+    reaped on the way."""
+    import time
+
     import psutil
 
     procs = []
@@ -100,15 +120,21 @@ def wait_gone(pids: list[int], timeout: float) -> list:
             procs.append(psutil.Process(pid))
         except psutil.NoSuchProcess:
             continue
-    _, alive = psutil.wait_procs(procs, timeout=timeout)
-    running = []
-    for proc in alive:
-        try:
-            if proc.status() != psutil.STATUS_ZOMBIE:
-                running.append(proc)
-        except psutil.NoSuchProcess:
-            pass
-    return running
+    deadline = time.monotonic() + timeout
+    while True:
+        _, alive = psutil.wait_procs(procs, timeout=min(0.05, max(0.0, deadline - time.monotonic())))
+        procs = [p for p in alive if _running(p)]
+        if not procs or time.monotonic() >= deadline:
+            return procs
+
+
+def _running(proc: Any) -> bool:
+    import psutil
+
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def terminate_together(pids: list[int], grace: float = 2.0) -> None:
