@@ -35,6 +35,7 @@ from typing import Iterator
 
 import psutil
 import pytest
+from phalanx.cluster._procs import wait_processes_gone
 
 CHROMIUM = os.environ.get("PHALANX_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
@@ -101,16 +102,15 @@ def _kill_tree(process: subprocess.Popen, grace_s: float = 20.0) -> list[str]:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait(timeout=10)
-    _, alive = psutil.wait_procs(children, timeout=grace_s)
+    alive = wait_processes_gone(children, grace_s)  # zombies count as gone
     survivors = []
     for child in alive:
         try:
-            if child.status() != psutil.STATUS_ZOMBIE:
-                survivors.append(f"{child.pid} {' '.join(child.cmdline())[:160]}")
+            survivors.append(f"{child.pid} {' '.join(child.cmdline())[:160]}")
             child.kill()
         except psutil.NoSuchProcess:
             pass
-    psutil.wait_procs(alive, timeout=10)
+    wait_processes_gone(alive, 10)
     return survivors
 
 

@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 
 import psutil
 import pytest
+from phalanx.cluster._procs import wait_processes_gone
 
 pytestmark = [pytest.mark.slow]
 
@@ -107,10 +108,10 @@ def _stop_like_ctrl_c(process: subprocess.Popen) -> list[psutil.Process]:
     try:
         process.wait(timeout=STOP_TIMEOUT_S)
     finally:
-        _, alive = psutil.wait_procs(tree, timeout=5)
+        alive = wait_processes_gone(tree, 5)  # zombies count as gone
         for survivor in alive:
             survivor.kill()
-    return [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+    return alive
 
 
 def run_lab(base: Path, user_prefix: list[str]) -> None:

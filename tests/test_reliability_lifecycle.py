@@ -16,6 +16,7 @@ import time
 
 import psutil
 import pytest
+from phalanx.cluster._procs import wait_processes_gone
 
 from conftest import assert_all_gone
 from test_reliability_helpers import (  # noqa: F401
@@ -130,7 +131,7 @@ def test_killed_kernel_leaves_no_controller_or_engine_running(figures):
         client.stop_channels()
         killed = time.monotonic()
         kernel.send_signal(signal.SIGKILL)  # no atexit, no cleanup: only the watchdogs can act
-        _, left = psutil.wait_procs(procs, timeout=20)
+        left = wait_processes_gone(procs, 20)  # zombies count as gone
         gone_after = time.monotonic() - killed
         assert not alive(left), {p.pid: roles.get(p.pid) for p in left}
         figures["7_killed_kernel_processes"] = len(procs)

@@ -14,6 +14,7 @@ import time
 
 import psutil
 import pytest
+from phalanx.cluster._procs import wait_processes_gone
 
 from test_reliability_helpers import alive, figures, shm_segments_of, wait_for  # noqa: F401
 from test_reliability_lifecycle import _start_kernel, execute
@@ -64,7 +65,7 @@ def test_ten_kernel_lifetimes_leave_nothing_behind(tmp_path, figures):
     finally:
         client.stop_channels()
         km.shutdown_kernel(now=False)
-    _, left = psutil.wait_procs(processes, timeout=30)
+    left = wait_processes_gone(processes, 30)  # zombies count as gone
     for proc in left:  # never leave anything behind, even when the test fails
         proc.kill()
     figures["12_kernel_lifetimes"] = LIFETIMES

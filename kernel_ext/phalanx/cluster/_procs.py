@@ -110,8 +110,6 @@ def wait_gone(pids: list[int], timeout: float) -> list:
     may take a second or more: waiting for the process to vanish from the process table would
     wait for init, so this polls and returns as soon as none is running.  Our own children are
     reaped on the way."""
-    import time
-
     import psutil
 
     procs = []
@@ -120,6 +118,16 @@ def wait_gone(pids: list[int], timeout: float) -> list:
             procs.append(psutil.Process(pid))
         except psutil.NoSuchProcess:
             continue
+    return wait_processes_gone(procs, timeout)
+
+
+def wait_processes_gone(procs: list, timeout: float) -> list:
+    """:func:`wait_gone` for ``psutil.Process`` objects (taken earlier: a pid reused since is
+    not mistaken for them)."""
+    import time
+
+    import psutil
+
     deadline = time.monotonic() + timeout
     while True:
         _, alive = psutil.wait_procs(procs, timeout=min(0.05, max(0.0, deadline - time.monotonic())))
