@@ -11,9 +11,10 @@ operators by self time; the kernel merges the ranks into one trace (``fit/_profi
 
 A CUDA profile detaches NVIDIA's tracing library (CUPTI) from the engine when it stops.  Torch's
 profiler leaves it attached unless ``TEARDOWN_CUPTI=1`` (pytorch/pytorch#144455), and an engine
-outlives its runs: on an H200 a host-bound loop in an engine ran 0.80x its speed before, in
-every run after one ``--profile``, until the engine ended.  A ``TEARDOWN_CUPTI`` the person set
-is kept (torch sets ``0`` itself where CUDA graphs need CUPTI to stay).
+outlives its runs: on an H200 a host-bound loop in an engine ran at about 0.8x its earlier
+speed in the runs measured after one ``--profile`` (CUPTI stays for the engine's life).  A
+``TEARDOWN_CUPTI`` the person set is kept (torch sets ``0`` itself where CUDA graphs need CUPTI
+to stay).
 """
 
 from __future__ import annotations
