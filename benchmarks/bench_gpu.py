@@ -237,9 +237,10 @@ def check_profile(shell, session) -> dict:
     """``--profile 5`` of the GPU-bound loop: a trace with CUDA activity and a top-operator table;
     and the small MLP's speed in the engine before and after it (the engine outlives the profiled
     run: what the profiler leaves attached would slow every later run)."""
-    before = [engine_rate(session, *SMALL, 2000) for _ in range(3)]
+    width, hidden, batch = SMALL
+    before = [engine_rate(session, width, hidden, 2000, batch) for _ in range(3)]
     magic_rate(shell, session, 1024, 4096, 20, 1024, False, flags="--profile 5")
-    after = [engine_rate(session, *SMALL, 2000) for _ in range(3)]
+    after = [engine_rate(session, width, hidden, 2000, batch) for _ in range(3)]
     report = session.last_run().profile
     top = report.top.get(0, [])[:5]
     ranks = report.ranks_in_trace()
