@@ -15,6 +15,7 @@ from typing import Any
 
 from ._errors import ClusterError
 from ._locality import is_local
+from ._warden import wait_processes_gone
 
 log = logging.getLogger("phalanx")
 
@@ -103,13 +104,8 @@ def memory_mb(pid: int | None, host: str) -> float | None:
 
 
 def wait_gone(pids: list[int], timeout: float) -> list:
-    """Wait up to ``timeout`` s for ``pids`` to exit; the processes still running.
-
-    A zombie counts as gone: it has exited and only waits for its parent to reap it.  That
-    parent may be init, for a process whose own parent died first (an engine's nanny), and init
-    may take a second or more: waiting for the process to vanish from the process table would
-    wait for init, so this polls and returns as soon as none is running.  Our own children are
-    reaped on the way."""
+    """Wait up to ``timeout`` s for ``pids`` to exit; the processes still running (zombies count
+    as gone: see :func:`._warden.wait_processes_gone`)."""
     import psutil
 
     procs = []
@@ -119,30 +115,6 @@ def wait_gone(pids: list[int], timeout: float) -> list:
         except psutil.NoSuchProcess:
             continue
     return wait_processes_gone(procs, timeout)
-
-
-def wait_processes_gone(procs: list, timeout: float) -> list:
-    """:func:`wait_gone` for ``psutil.Process`` objects (taken earlier: a pid reused since is
-    not mistaken for them)."""
-    import time
-
-    import psutil
-
-    deadline = time.monotonic() + timeout
-    while True:
-        _, alive = psutil.wait_procs(procs, timeout=min(0.05, max(0.0, deadline - time.monotonic())))
-        procs = [p for p in alive if _running(p)]
-        if not procs or time.monotonic() >= deadline:
-            return procs
-
-
-def _running(proc: Any) -> bool:
-    import psutil
-
-    try:
-        return proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def terminate_together(pids: list[int], grace: float = 2.0) -> None:

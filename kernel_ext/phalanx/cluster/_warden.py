@@ -201,9 +201,9 @@ class Watched:
                    if p.pid != os.getpid() and _running(p)}
         procs = list(targets.values())
         _signal(procs, signal.SIGTERM, signal.SIGCONT)
-        left = _wait_gone(procs, GRACE_S)
+        left = wait_processes_gone(procs, GRACE_S)
         _signal(left, signal.SIGKILL)
-        _wait_gone(left, GRACE_S)
+        wait_processes_gone(left, GRACE_S)
         return len(procs)
 
 
@@ -216,14 +216,19 @@ def _signal(procs: list, *signals: int) -> None:
                 pass
 
 
-def _wait_gone(procs: list, timeout: float) -> list:
-    """Wait until every process has exited (zombies count); the ones still running."""
+def wait_processes_gone(procs: list, timeout: float) -> list:
+    """Wait up to ``timeout`` s until every process has exited; the ones still running.
+
+    A zombie counts as gone: it has exited and only waits for its parent to reap it.  That
+    parent may be init, for a process whose own parent died first (an engine's nanny), and init
+    may take a second or more, so this polls rather than waiting for the process to leave the
+    process table.  The caller's own children among them are reaped on the way."""
     deadline = time.monotonic() + timeout
     while True:
         left = [p for p in procs if _running(p)]
         if not left or time.monotonic() > deadline:
             return left
-        time.sleep(0.05)
+        psutil.wait_procs(left, timeout=0.05)  # the pause, reaping our own children
 
 
 def _remove_kernel_temp(tmp: str) -> None:
