@@ -12,7 +12,12 @@ PYTEST_ARGS ?= --durations=30
 # worker so its cluster or JupyterLab is started once.  PYTEST_WORKERS= runs them one by one.
 PYTEST_WORKERS ?= -n logical --maxprocesses=4 --dist loadfile
 
-.PHONY: setup lab lab-command test demo bench chaos notebooks screenshots links chromium cluster-daemons clean
+# Python caches compiled modules beside their sources (a machine may turn that off with
+# PYTHONDONTWRITEBYTECODE): without the cache every kernel, engine and script the tests start
+# compiles phalanx again.
+unexport PYTHONDONTWRITEBYTECODE
+
+.PHONY: setup lab lab-command lint test demo bench chaos notebooks screenshots links chromium cluster-daemons clean
 
 # The lab panel's sources: an edit to any of them re-runs the install, which rebuilds the panel
 # and copies it where JupyterLab loads it from.
@@ -58,13 +63,25 @@ lab-command:
 	@echo '$(LAB)'
 
 # The linter, the type checker, the panel's TypeScript type check, format check and unit tests
-# first (about a minute), then the Python suite.
-test: setup chromium cluster-daemons
+# (about half a minute of CPU).
+lint: setup
 	$(PY) -m ruff check kernel_ext benchmarks tests scripts notebooks
 	$(PY) -m mypy
-	cd labextension && ../$(VENV)/bin/jlpm install --immutable && ../$(VENV)/bin/jlpm typecheck \
-		&& ../$(VENV)/bin/jlpm format:check && ../$(VENV)/bin/jlpm test
-	$(PY) -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
+	cd labextension && ../$(VENV)/bin/jlpm typecheck && ../$(VENV)/bin/jlpm format:check \
+		&& ../$(VENV)/bin/jlpm test
+
+# The panel's lock file is checked first; then `make lint` runs beside the Python suite, which
+# leaves part of the CPU idle while its tests wait on processes, and its output is printed once
+# both are done.  Either failing fails the target.
+LINT_LOG := test-artifacts/lint.log
+test: setup chromium cluster-daemons
+	cd labextension && ../$(VENV)/bin/jlpm install --immutable
+	@mkdir -p $(dir $(LINT_LOG))
+	@$(MAKE) --no-print-directory lint > $(LINT_LOG) 2>&1 & lint=$$!; \
+	$(PY) -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS); tests=$$?; \
+	wait $$lint; checks=$$?; cat $(LINT_LOG); \
+	if [ $$checks -ne 0 ]; then echo "make test: the static checks failed (above)"; fi; \
+	test $$tests -eq 0 -a $$checks -eq 0
 
 demo: setup
 	$(PY) notebooks/demo.py

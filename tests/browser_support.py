@@ -1,10 +1,13 @@
 """Real JupyterLab in Debian's headless Chromium, for the panel's browser tests.
 
-``lab_server`` starts one ``jupyter lab`` per test module on a free loopback port with a
-temporary root, token and settings (so no earlier workspace or news prompt leaks in); at the end
-it stops the server with its kernels and fails if any process it started (kernel, engine,
-controller) outlives it.  ``lab_page`` is a Playwright page in ``/usr/bin/chromium``; the tests
-skip, saying why, only when that browser is missing (``make chromium`` installs it).
+``lab_server`` is one ``jupyter lab`` per test worker (``shared_lab`` in conftest.py: starting
+one costs some 10 s of a busy machine) on a free loopback port with a temporary root, token and
+settings (so no earlier workspace or news prompt leaks in).  At the end of each test module it
+shuts down every kernel the module started and fails if any process those kernels started
+(engine, controller, scheduler) outlives them; at the end of the session the server stops with
+the same check.  ``lab_page`` is a Playwright page in ``/usr/bin/chromium``, a fresh browser per
+test; the tests skip, saying why, only when that browser is missing (``make chromium`` installs
+it).
 
 Example::
 
@@ -28,6 +31,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,7 +106,11 @@ def _kill_tree(process: subprocess.Popen, grace_s: float = 20.0) -> list[str]:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait(timeout=10)
-    alive = wait_processes_gone(children, grace_s)  # zombies count as gone
+    return _killed_survivors(wait_processes_gone(children, grace_s))  # zombies count as gone
+
+
+def _killed_survivors(alive: list) -> list[str]:
+    """Kill what is still running and say what it was."""
     survivors = []
     for child in alive:
         try:
@@ -166,10 +174,39 @@ def chromium_page(width: int = 1400, height: int = 900, scale: float = 1) -> Ite
 
 
 @pytest.fixture(scope="module")
-def lab_server(tmp_path_factory) -> Iterator[LabServer]:
-    """One :func:`running_lab` per test module, with a throwaway root."""
-    with running_lab(tmp_path_factory.mktemp("lab")) as server:
-        yield server
+def lab_server(shared_lab: LabServer) -> Iterator[LabServer]:
+    """The worker's :func:`running_lab`, left with no kernel and no process of theirs when the
+    module ends (the check a server of its own would make when it stopped)."""
+    yield shared_lab
+    survivors = end_kernels(shared_lab)
+    assert not survivors, f"processes outlived their kernels (now killed): {survivors}"
+
+
+def end_kernels(server: LabServer, grace_s: float = 20.0) -> list[str]:
+    """Shut down every session and kernel of ``server`` through its REST API, as the server does
+    for each kernel when it stops; returns what of theirs still ran ``grace_s`` later (then
+    killed), as ``"pid cmdline"`` strings."""
+    try:
+        started = psutil.Process(server.process.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        started = []
+    for kind in ("sessions", "kernels"):  # a session's kernel ends with it; then any other
+        for item in _api(server, "GET", f"/api/{kind}"):
+            _api(server, "DELETE", f"/api/{kind}/{item['id']}")
+    return _killed_survivors(wait_processes_gone(started, grace_s))
+
+
+def _api(server: LabServer, method: str, path: str):
+    request = urllib.request.Request(f"{server.url}{path}", method=method,
+                                     headers={"Authorization": f"token {server.token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            body = answer.read()
+    except urllib.error.HTTPError as error:
+        if error.code == 404:  # ended meanwhile (a session's kernel, listed before its session)
+            return []
+        raise
+    return json.loads(body) if body else []
 
 
 @pytest.fixture

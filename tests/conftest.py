@@ -45,6 +45,16 @@ def shell():
     close_session(ip)
 
 
+@pytest.fixture(scope="session")
+def shared_lab(tmp_path_factory):
+    """One real ``jupyter lab`` for the browser test modules of this worker (browser_support's
+    ``lab_server`` checks, module by module, that their kernels leave nothing running)."""
+    from browser_support import running_lab
+
+    with running_lab(tmp_path_factory.mktemp("lab")) as server:
+        yield server
+
+
 def run_cell(shell, source: str):
     """Run a cell; re-raise what it raised so a test sees the error itself."""
     result = shell.run_cell(source, store_history=False)
