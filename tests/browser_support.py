@@ -54,7 +54,7 @@ class LabServer:
     url: str
     token: str
     root: Path
-    process: subprocess.Popen
+    process: psutil.Process
 
     def lab_url(self, path: str = "") -> str:
         # ?reset: start from an empty workspace, not the layout an earlier test left behind
@@ -76,12 +76,12 @@ def _quiet_settings(settings: Path) -> None:
     target.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
 
 
-def _wait_until_up(url: str, token: str, process: subprocess.Popen, log: Path,
+def _wait_until_up(url: str, token: str, process: psutil.Process, log: Path,
                    timeout_s: float = START_TIMEOUT_S) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"jupyter lab exited with {process.returncode}:\n{log.read_text()}")
+        if not wait_processes_gone([process], 0):  # it has exited
+            raise RuntimeError(f"jupyter lab exited:\n{log.read_text()}")
         try:
             with urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2):
                 return
@@ -90,7 +90,20 @@ def _wait_until_up(url: str, token: str, process: subprocess.Popen, log: Path,
     raise RuntimeError(f"jupyter lab did not answer within {timeout_s} s:\n{log.read_text()}")
 
 
-def _kill_tree(process: subprocess.Popen, grace_s: float = 20.0) -> list[str]:
+def _start_detached(argv: list[str], log: Path, env: dict, cwd: Path) -> psutil.Process:
+    """Start ``argv`` through a launcher that exits at once, so that it is not a child of this
+    process: a server shared by the test modules of a worker must not show up in the process
+    tree of the worker, which other tests search for leftovers of their own."""
+    launch = ("import subprocess, sys\n"
+              "with open(sys.argv[1], 'w') as out:\n"
+              "    print(subprocess.Popen(sys.argv[2:], stdout=out, stderr=subprocess.STDOUT,\n"
+              "                           stdin=subprocess.DEVNULL).pid)\n")
+    launched = subprocess.run([sys.executable, "-c", launch, str(log), *argv], env=env, cwd=cwd,
+                              capture_output=True, text=True, check=True, timeout=60)
+    return psutil.Process(int(launched.stdout))
+
+
+def _kill_tree(process: psutil.Process, grace_s: float = 20.0) -> list[str]:
     """Stop the server; its kernels shut down, and their clusters with them.
 
     Returns what was still running ``grace_s`` after the server exited (then killed), as
@@ -100,12 +113,12 @@ def _kill_tree(process: subprocess.Popen, grace_s: float = 20.0) -> list[str]:
         children = psutil.Process(process.pid).children(recursive=True)
     except psutil.NoSuchProcess:
         children = []
-    process.terminate()  # jupyter server shuts its kernels down on the way out
-    try:
-        process.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(timeout=10)
+    with contextlib.suppress(psutil.NoSuchProcess):
+        process.terminate()  # jupyter server shuts its kernels down on the way out
+    if wait_processes_gone([process], 20):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+        wait_processes_gone([process], 10)
     return _killed_survivors(wait_processes_gone(children, grace_s))  # zombies count as gone
 
 
@@ -145,8 +158,7 @@ def running_lab(base: Path, start_timeout_s: float = START_TIMEOUT_S) -> Iterato
             "--ServerApp.port_retries=0", "--LabApp.expose_app_in_browser=True"]
     if os.geteuid() == 0:  # CI containers run as root
         argv.append("--allow-root")
-    with log.open("w") as out:
-        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=root)
+    process = _start_detached(argv, log, env, root)
     server = LabServer(f"http://127.0.0.1:{port}", token, root, process)
     try:
         _wait_until_up(server.url, token, process, log, start_timeout_s)

@@ -31,13 +31,14 @@ def _loss(rank: int, step: np.ndarray) -> np.ndarray:
     return np.where(step == 31_337 + rank, 100.0 + rank, y)
 
 
-@pytest.fixture
-def fed(tmp_path):
-    """A session whose current run has 120k rows, most of them spilled to disk."""
+@pytest.fixture(scope="module")
+def fed(tmp_path_factory):
+    """A session whose current run has 120k rows, most of them spilled to disk.  Fed once for
+    the module (about 2 s): the tests only read it, through requests as the panel sends them."""
+    history_dir = tmp_path_factory.mktemp("history") / "win-1"
     session = Session()
-    tracker = RunTracker("win-1", RANKS, STEPS, session.events.emit,
-                         history_dir=str(tmp_path / "win-1"))
-    tracker.history = MetricHistory(str(tmp_path / "win-1"), memory_rows=8192, chunk_rows=4096)
+    tracker = RunTracker("win-1", RANKS, STEPS, session.events.emit, history_dir=str(history_dir))
+    tracker.history = MetricHistory(str(history_dir), memory_rows=8192, chunk_rows=4096)
     session.events.emit(events.run_started("win-1", RANKS, STEPS, "allreduce", name="w"))
     session.fits.active = tracker
     for start in range(0, STEPS, BATCH):
@@ -64,9 +65,9 @@ def _by_rank(rows: list[dict]) -> dict[int, tuple[list, list]]:
     return out
 
 
-def test_a_window_request_is_answered_at_full_resolution_from_disk(fed, tmp_path):
+def test_a_window_request_is_answered_at_full_resolution_from_disk(fed):
     session, tracker, lab = fed
-    parts = [f for f in os.listdir(tmp_path / "win-1") if f.startswith("part-")]
+    parts = [f for f in os.listdir(tracker.history.directory) if f.startswith("part-")]
     assert len(parts) >= 20, "the history should be mostly on disk for this test"
     panel = lab._comm_manager.open({"v": 1, "type": "request_snapshot"})
     panel.sent.clear()

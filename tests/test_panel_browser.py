@@ -160,15 +160,30 @@ def _start_and_train(page, panel) -> None:
     assert panel.locator(".jp-Phalanx-metric").input_value() == "loss"
 
 
+# Every state the cluster section shows, recorded as it changes: "scaling to 3" lasts only until
+# the kernel answers, which a forked engine can make shorter than a poll from the test.
+RECORD_CLUSTER_SECTION = """() => {
+  const section = document.querySelector('#phalanx .jp-Phalanx-cluster');
+  const seen = (window.phalanxClusterStates = []);
+  const note = () => seen.push({
+    summary: section.querySelector('.jp-Phalanx-summary')?.textContent ?? '',
+    plusDisabled: section.querySelector('button[aria-label="scale up"]')?.disabled ?? null
+  });
+  new MutationObserver(note).observe(section, {subtree: true, childList: true,
+                                               characterData: true, attributes: true});
+}"""
+
+
 def _scale_up_from_panel(page, panel) -> None:
     """+ scales the kernel's cluster: checked from the kernel, not from the panel."""
+    page.evaluate(RECORD_CLUSTER_SECTION)
     panel.get_by_role("button", name="scale up").click()
-    # Engines take seconds to start: until the kernel answers, the panel says what it waits for.
-    summary = panel.locator(".jp-Phalanx-cluster .jp-Phalanx-summary")
-    summary.filter(has_text="scaling to 3").wait_for(timeout=5_000)
-    assert panel.get_by_role("button", name="scale up").is_disabled()
-    screenshot(page, "phalanx-panel-scaling.png")
     _engine_rows(panel).nth(2).wait_for(timeout=CLUSTER_TIMEOUT_MS)
+    # Engines take a moment to start: until the kernel answers, the panel says what it waits for
+    # and takes no second click.
+    states = page.evaluate("window.phalanxClusterStates")
+    waiting = [s for s in states if "scaling to 3" in s["summary"]]
+    assert waiting and all(s["plusDisabled"] for s in waiting), states
     assert run_cell(page, COUNT_ENGINES).strip() == "3"
 
 
