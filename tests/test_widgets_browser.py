@@ -4,12 +4,15 @@ widget's buttons scale the cluster from the browser."""
 
 from __future__ import annotations
 
+import ast
+
 import pytest
 from browser_support import (  # noqa: F401  (fixtures)
     lab_page,
     lab_server,
     open_notebook,
     run_all_cells,
+    run_cell,
     screenshot,
     wait_for_kernel_idle,
     write_notebook,
@@ -46,7 +49,11 @@ for _ in range(40):
     train_step(net, opt)
     time.sleep(0.1)             # ~4 s: the curves appear after 2 s
 """,
+    # The x window each finished plot has redrawn at full resolution, read off the plots.
+    "import gc\nfrom phalanx.widgets._plot import LivePlot\n"
+    "print(sorted(p._windows.get('loss', ()) for p in gc.get_objects() if type(p) is LivePlot))",
 ]
+WINDOWS = 5
 
 
 def _output(page, cell: int):
@@ -78,6 +85,23 @@ def test_live_view_summary_and_cluster_widget_in_jupyterlab(lab_server, lab_page
     assert "lazy-run" in lazy.inner_text() and "done" in lazy.inner_text()
     assert lazy.locator(".bk-Canvas, canvas").count() > 0, errors
     assert "waiting for the first" not in lazy.inner_text() and "summary below" not in lazy.inner_text()
+
+    # Panning a finished plot redraws the window it shows from the run's history, once: the
+    # kernel hears of the pan (and not of the browser fitting the range to the new data).
+    assert run_cell(lab_page, WINDOWS).strip() == "[(), ()]"           # nothing zoomed yet
+    canvas = run.locator("canvas").first
+    canvas.scroll_into_view_if_needed()
+    box = canvas.bounding_box()
+    x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+    lab_page.mouse.move(x, y)
+    lab_page.mouse.down()
+    lab_page.mouse.move(x + 120, y, steps=8)
+    lab_page.mouse.up()
+    lab_page.wait_for_timeout(1_000)  # the pan's announcement reaches the idle kernel
+    untouched, panned = ast.literal_eval(run_cell(lab_page, WINDOWS).strip())
+    assert untouched == () and len(panned) == 2, (untouched, panned)  # lab-run's plot only
+    start, end = panned
+    assert start < 0 < end < 40, panned  # dragged right: the view moved before step 0
 
     panel = _output(lab_page, 2)
     panel.get_by_text("cluster: 2 engine(s)").wait_for()
