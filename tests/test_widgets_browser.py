@@ -5,6 +5,7 @@ widget's buttons scale the cluster from the browser."""
 from __future__ import annotations
 
 import ast
+import time
 
 import pytest
 from browser_support import (  # noqa: F401  (fixtures)
@@ -60,6 +61,16 @@ def _output(page, cell: int):
     return page.locator(".jp-Notebook .jp-Cell").nth(cell).locator(".jp-OutputArea")
 
 
+def _windows_after_pan(page, timeout_s: float = 60.0) -> list:
+    """The plots' redrawn windows, once the pan's announcement has reached the kernel (it
+    travels on the widget's comm, ahead of the cell that reads them, but is sent by the page)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        windows = ast.literal_eval(run_cell(page, WINDOWS).strip())
+        if any(windows) or time.monotonic() > deadline:
+            return windows
+
+
 def test_live_view_summary_and_cluster_widget_in_jupyterlab(lab_server, lab_page):
     console = []
     lab_page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
@@ -97,8 +108,7 @@ def test_live_view_summary_and_cluster_widget_in_jupyterlab(lab_server, lab_page
     lab_page.mouse.down()
     lab_page.mouse.move(x + 120, y, steps=8)
     lab_page.mouse.up()
-    lab_page.wait_for_timeout(1_000)  # the pan's announcement reaches the idle kernel
-    untouched, panned = ast.literal_eval(run_cell(lab_page, WINDOWS).strip())
+    untouched, panned = _windows_after_pan(lab_page)
     assert untouched == () and len(panned) == 2, (untouched, panned)  # lab-run's plot only
     start, end = panned
     assert start < 0 < end < 40, panned  # dragged right: the view moved before step 0
