@@ -306,8 +306,8 @@ class LivePlot:
         range when the data changes (it fits the range to the data), so redrawing on those fed
         itself - new data, a refitted range, new data - and kept the browser and the kernel busy
         after the run (measured: about 1.2 s of the browser's CPU every second and 25 document
-        patches a second, in two runs out of three of a short run).  Both figures share the x
-        range, and a zoom in either is announced on both: the second finds its window drawn.
+        patches a second, in 4 of 6 pages after a short run).  Both figures share the x range,
+        and a zoom in either is announced on both: the second finds its window drawn.
         """
         from bokeh.events import RangesUpdate
 
