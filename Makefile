@@ -25,14 +25,31 @@ LAB_SOURCES := labextension/package.json labextension/yarn.lock \
                $(shell find labextension/src labextension/style -type f 2>/dev/null)
 
 # torch first, pinned: the CPU build then satisfies the package's own range and pip does not
-# fetch several GB of CUDA wheels.  The editable build only notices newer files in
-# labextension/src, so a changed style, package.json or yarn.lock removes the built panel first.
+# fetch several GB of CUDA wheels.  Each step of the set-up keeps one core busy, so two run at a
+# time: the panel (node) builds while pip installs torch, and torch's bytecode is compiled while
+# pip installs the package, whose editable build then finds the panel built.  pip installs without
+# compiling and COMPILE writes the same bytecode cache on all cores instead of pip's one.  A
+# changed style, package.json or yarn.lock removes the built panel first (the editable build only
+# noticed newer files in labextension/src).
+SITE        := $(VENV)/lib/python3*/site-packages
+COMPILE     := $(PY) -m compileall -q -q -j 0
+PANEL_BUILT := kernel_ext/phalanx/labextension/package.json
+BUILD_PANEL := cd labextension && PATH="$(abspath $(VENV))/bin:$$PATH" && \
+               jlpm install --immutable && jlpm build:prod
+# $(call beside,NAME,COMMAND,OTHER): runs COMMAND (its output in $(VENV)/NAME.log, shown if it
+# fails) while OTHER runs; fails if either fails.
+beside = { $(2); } > $(VENV)/$(1).log 2>&1 & pid=$$!; $(3); other=$$?; wait $$pid; own=$$?; \
+         if [ $$own -ne 0 ]; then cat $(VENV)/$(1).log; echo "set-up: $(1) failed (above)"; fi; \
+         test $$own -eq 0 -a $$other -eq 0
 $(STAMP): pyproject.toml $(LAB_SOURCES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q --upgrade pip "jupyter_builder>=1.3,<2"
 	$(if $(filter labextension/%,$?),rm -rf kernel_ext/phalanx/labextension)
-	$(PIP) install -q -e ".[test]"
+	$(call beside,panel-build,test -f $(PANEL_BUILT) || { $(BUILD_PANEL); },\
+	  $(PIP) install -q --no-compile torch==2.13.0)
+	$(call beside,torch-bytecode,$(COMPILE) $(SITE)/torch || true,\
+	  HATCH_JUPYTER_BUILDER_SKIP_NPM=1 $(PIP) install -q --no-compile -e ".[test]")
+	$(COMPILE) -x "site-packages/torch/" $(SITE) || true
 	touch $(STAMP)
 
 setup: $(STAMP)
