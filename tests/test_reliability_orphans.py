@@ -28,13 +28,13 @@ FIT = "%%distributed_fit --no-widget\nfrom phalanx import allreduce\nallreduce(1
 GONE_S = 30.0  # generous for a loaded 2-core machine; the measured time is printed and recorded
 
 
-ROLES = (("_warden.py", "warden"), ("engine.nanny", "nanny"), ("ipyparallel.engine", "engine"),
-         ("ipyparallel.controller", "controller"))  # the controller's schedulers share its line
+ROLES = (("_warden.py", "warden"), ("engine.nanny", "nanny"), ("phalanx-nanny", "nanny"),
+         ("ipyparallel.engine", "engine"), ("ipyparallel.controller", "controller"))  # the controller's schedulers share its line
 
 
 def _role(proc: psutil.Process) -> str:
     try:
-        line = " ".join(proc.cmdline())
+        line = " ".join([proc.name(), *proc.cmdline()])  # a nanny forked by the zygote: its name
     except psutil.Error:
         return "gone"
     return next((role for mark, role in ROLES if mark in line), line[:80])

@@ -49,6 +49,11 @@ def _zygote_pid(session) -> int:
     return pids[0]
 
 
+def _nannies(zygote: int) -> list[psutil.Process]:
+    """The engines' nannies the zygote forked (cluster/_zygote_nanny.py)."""
+    return [c for c in psutil.Process(zygote).children() if c.name() == "phalanx-nanny"]
+
+
 def _wait(condition, timeout: float = 30.0, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -81,6 +86,16 @@ def test_forked_engines_are_separate_engines_and_train_together(cluster_session)
     assert all(i["torch"] for i in infos)                     # imported once, in the zygote
     assert infos[0]["draw"] != infos[1]["draw"]               # numpy reseeded after the fork
     assert _total(session) == 2.0
+    # Each engine's nanny is forked too (no fresh interpreter under the engine), and relays a
+    # signal sent through the controller, as phalanx's interrupts are.
+    assert len(_nannies(zygote)) == 2
+    assert not [c for pid in engine_pids(session) for c in psutil.Process(pid).children()]
+    view = session.cluster.view()
+    view.execute("import signal\n_caught = []\n"
+                 "signal.signal(signal.SIGUSR2, lambda sig, frame: _caught.append(sig))", block=True)
+    session.cluster.client.send_signal(signal.SIGUSR2, targets=view.targets, block=True)
+    _wait(lambda: view.pull("_caught", block=True) == [[signal.SIGUSR2]] * 2,
+          what="the signal relayed by each nanny")
 
 
 @pytest.mark.slow
@@ -94,8 +109,10 @@ def test_a_killed_forked_engine_is_seen_dead_and_its_restart_is_forked(cluster_s
     exit_code = session.cluster.slots()[1].exit_code
     assert exit_code in (-signal.SIGKILL, 128 + signal.SIGKILL), exit_code
     zygote = _zygote_pid(session)
+    _wait(lambda: len(_nannies(zygote)) == 1, what="the killed engine's nanny gone")
     session.restart(1)
     assert [i["ppid"] for i in _probe(session)] == [zygote, zygote]
+    assert len(_nannies(zygote)) == 2
     assert _total(session) == 2.0
 
 

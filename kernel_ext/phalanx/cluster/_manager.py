@@ -212,7 +212,7 @@ class ClusterManager(StatusMixin, AdoptionMixin, EngineStartMixin):
     def _teardown(self) -> None:
         with self._lock:
             pids = local_pids(self._slots.values())
-            nannies = children_of(pids)
+            nannies = children_of(pids) + (self._zygote.nannies() if self._zygote else [])
             asked = [s.engine_id for s in self._slots.values() if self._ask_to_exit(s)]
             for slot in self._slots.values():
                 slot.state = "stopping"

@@ -37,6 +37,9 @@ class StatusMixin(ManagerState):
                     found[role] += [pid] + [c.pid for c in proc.children(recursive=True)]
                 except psutil.NoSuchProcess:
                     continue
+        zygote = getattr(self, "_zygote", None)
+        if zygote is not None:  # the nannies of engines forked there (:mod:`._zygote_nanny`)
+            found["engines"] += zygote.nannies()
         found["zygote"] = self._fork_server_pids(found["engines"])
         return found
 

@@ -15,7 +15,9 @@ ipyparallel launches for an engine stays the usual supervised command (:mod:`._s
 asks the zygote for the engine (:mod:`._zygote_proxy`) and stands for it: it passes its standard
 streams, environment, working directory and arguments, forwards the signals it gets, and exits
 as the engine exits.  A proxy that is killed takes its engine with it, and so does a zygote
-that is killed: a stand-in never outlives its engine, nor an engine its stand-in.
+that is killed: a stand-in never outlives its engine, nor an engine its stand-in.  A forked
+engine asks the zygote, over the same socket, for its ipyparallel *nanny* too
+(:mod:`._zygote_nanny`): the nanny's own start is a fresh interpreter importing ipyparallel.
 
 What is shared by forking is only what importing creates.  The zygote never computes, creates no
 thread and initialises no CUDA: it serves CPU engines only (a GPU engine always starts fresh, as
@@ -42,6 +44,7 @@ import traceback
 ENV_SOCKET = "PHALANX_ZYGOTE"        # where the proxy asks (set in the engines' environment)
 ENV_PID = "PHALANX_ZYGOTE_PID"       # ... and which process answers: dead means start fresh
 MAX_MESSAGE = 1 << 20                # a request: arguments and environment, as JSON
+NANNY_NAME = "phalanx-nanny"         # the process name of a nanny forked here
 # Variables that what the zygote imports reads at import time (the interpreter's paths and
 # flags, the dynamic loader, the thread pools of OpenMP, MKL and OpenBLAS that load with torch and
 # numpy, torch's own switches): an engine whose environment differs from the zygote's in one of
@@ -49,7 +52,7 @@ MAX_MESSAGE = 1 << 20                # a request: arguments and environment, as 
 # engine gets the environment its launcher gave it, whole.
 IMPORT_TIME_PREFIXES = ("PYTHON", "LD_", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "NPY_",
                         "NUMPY_", "TORCH", "PYTORCH_", "MALLOC_", "GLIBC_")
-PRELOAD = ("ipyparallel.engine.app", "numpy", "torch",
+PRELOAD = ("ipyparallel.engine.app", "ipyparallel.engine.nanny", "numpy", "torch",
            "torch._dynamo", "torch.distributed", "phalanx.runtime._entry",
            "phalanx.cluster._supervise")
 
@@ -103,6 +106,7 @@ class Zygote:
         self.server = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.pid = os.getpid()
         self.engines: dict[int, tuple[socket.socket, int]] = {}  # pidfd -> (connection, pid)
+        self.nannies: dict[int, int] = {}  # pidfd -> pid of an engine's nanny (reaped here)
         # The kernel's end is seen at once through a pidfd (the kernel starts a zygote only
         # where pidfds exist); opening it fails only if the kernel is already gone.
         self.kernel_fd = os.pidfd_open(kernel_pid) if kernel_pid is not None else None
@@ -130,10 +134,12 @@ class Zygote:
                     self._proxy_gone(key.fileobj)  # type: ignore[arg-type]
                 elif kind == "engine":
                     self._engine_exited(key.fd)
+                elif kind == "nanny":
+                    self._nanny_exited(key.fd)
 
     def _idle_left(self) -> float | None:
         """How long to wait for a request before ending; None (for ever) while engines run."""
-        return None if self.engines or not self.idle_s else self.idle_s
+        return None if self.engines or self.nannies or not self.idle_s else self.idle_s
 
     def _request(self, conn: socket.socket) -> None:
         self.selector.unregister(conn)
@@ -142,11 +148,14 @@ class Zygote:
         except OSError:
             conn.close()
             return
+        nanny = False
         try:
             try:
                 request = json.loads(data)
-                why = self.refusal or environment_mismatch(self.env, request["env"])
-                if why is None and request["env"].get("CUDA_VISIBLE_DEVICES") != "":
+                nanny = request.get("kind") == "nanny"  # asked by an engine this zygote forked
+                why = None if nanny else self.refusal or environment_mismatch(self.env,
+                                                                              request["env"])
+                if why is None and not nanny and request["env"].get("CUDA_VISIBLE_DEVICES") != "":
                     why = "it may use a GPU (CUDA state must not cross a fork)"
             except (ValueError, KeyError, TypeError, AttributeError):
                 why = "its request could not be read"
@@ -154,7 +163,7 @@ class Zygote:
                 why = "it did not pass its three standard streams"
             if why is None:
                 try:
-                    pid = self._fork(request, fds, conn)
+                    pid = self._fork(request, fds, conn, nanny)
                 except OSError as exc:  # no memory or processes left for a fork
                     why = f"fork failed: {exc}"
             if why is not None:
@@ -165,26 +174,33 @@ class Zygote:
             for fd in fds:
                 os.close(fd)
         pidfd = os.pidfd_open(pid)
+        if nanny:  # it ends by itself once its engine has (and says so to the controller)
+            self.nannies[pidfd] = pid
+            self.selector.register(pidfd, selectors.EVENT_READ, "nanny")
+            _reply(conn, {"pid": pid})
+            conn.close()
+            return
         self.engines[pidfd] = (conn, pid)
         self.selector.register(pidfd, selectors.EVENT_READ, "engine")
         self.selector.register(conn, selectors.EVENT_READ, "proxy")
         _reply(conn, {"pid": pid})  # a proxy gone by now is seen as gone by the loop
 
-    def _fork(self, request: dict, fds: list[int], conn: socket.socket) -> int:
+    def _fork(self, request: dict, fds: list[int], conn: socket.socket, nanny: bool) -> int:
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
         pid = os.fork()
         if pid:
             return pid
-        try:  # the engine: nothing of the zygote's serving is kept
+        try:  # the engine or nanny: nothing of the zygote's serving is kept
             os.setsid()
-            _die_with(zygote=self.pid)
+            if not nanny:  # a nanny outlives its engine a moment, to tell the controller
+                _die_with(zygote=self.pid)
             for target, fd in enumerate(fds):
                 os.dup2(fd, target)
             keep = {0, 1, 2}
             for fd in [*fds, self.server.fileno(), conn.fileno(), self.selector.fileno(),
                        *self.engines, *(c.fileno() for c, _ in self.engines.values()),
-                       *([self.kernel_fd] if self.kernel_fd is not None else [])]:
+                       *self.nannies, *([self.kernel_fd] if self.kernel_fd is not None else [])]:
                 if fd not in keep:
                     _close(fd)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -192,9 +208,14 @@ class Zygote:
             os.environ.clear()
             os.environ.update({k: v for k, v in request["env"].items()
                                if k not in (ENV_SOCKET, ENV_PID)})  # the engine is no proxy
+            if nanny:
+                _run_nanny()
+                os._exit(0)
             _reseed()
             from phalanx.cluster._supervise import main as supervised_main
+            from phalanx.cluster._zygote_nanny import ask_for_nannies
 
+            ask_for_nannies(self.path)
             supervised_main(request["argv"])  # runs the engine; never returns
         except BaseException:
             traceback.print_exc()
@@ -227,9 +248,19 @@ class Zygote:
         _reply(conn, outcome)
         conn.close()
 
+    def _nanny_exited(self, pidfd: int) -> None:
+        pid = self.nannies.pop(pidfd)
+        self.selector.unregister(pidfd)
+        os.close(pidfd)
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+
     def close(self) -> None:
-        """Kill the engines still running, reap them, remove the socket's directory."""
-        pids = [pid for _conn, pid in self.engines.values()]
+        """Kill the engines and nannies still running, reap them, remove the socket's
+        directory."""
+        pids = [pid for _conn, pid in self.engines.values()] + list(self.nannies.values())
         for pid in pids:
             _kill(pid)
         for pid in pids:
@@ -274,6 +305,20 @@ def _die_with(zygote: int) -> None:
     ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
     if os.getppid() != zygote:  # it died before the signal was armed
         os._exit(1)
+
+
+def _run_nanny() -> None:
+    """Be an engine's nanny, as ``python -m ipyparallel.engine.nanny`` would: its arguments
+    come on standard input, its address goes back on standard output (line-buffered here: the
+    engine waits for that line), and it runs until its engine has exited."""
+    import ctypes
+
+    pr_set_name = 15  # what ps and psutil's name() show: not the zygote's command line
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_name, NANNY_NAME.encode())
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
+    from ipyparallel.engine.nanny import main as nanny_main
+
+    nanny_main()
 
 
 def _reseed() -> None:

@@ -20,7 +20,7 @@ import sys
 
 from .._scratch import ScratchDir
 from ._supervise import parent_env
-from ._zygote import ENV_PID, ENV_SOCKET, environment_mismatch
+from ._zygote import ENV_PID, ENV_SOCKET, NANNY_NAME, environment_mismatch
 
 log = logging.getLogger("phalanx")
 
@@ -99,8 +99,26 @@ class ZygoteHandle:
         """What an engine's environment needs to be forked from this zygote."""
         return {ENV_SOCKET: self.path, ENV_PID: str(self.proc.pid)}
 
+    def nannies(self) -> list[int]:
+        """The engines' nannies it forked that still run (:mod:`._zygote_nanny`)."""
+        import psutil
+
+        found = []
+        try:
+            children = psutil.Process(self.proc.pid).children()
+        except psutil.NoSuchProcess:
+            return []
+        for child in children:
+            try:
+                if child.name() == NANNY_NAME:
+                    found.append(child.pid)
+            except psutil.NoSuchProcess:
+                continue
+        return found
+
     def close(self) -> None:
-        """Stop the zygote (it kills engines it forked that still run) and remove its folder."""
+        """Stop the zygote (it kills the engines and nannies it forked that still run) and
+        remove its folder."""
         if self.proc.poll() is None:
             try:
                 self.proc.send_signal(signal.SIGTERM)
