@@ -290,6 +290,52 @@ def test_the_plot_is_built_ahead_for_a_logging_cell_unless_its_last_run_was_shor
     assert run(logging, "r-10", 0.1)                         # ... and this one's was long
 
 
+def test_a_quick_cells_rerun_shows_its_view_only_once_it_has_trained_a_while(monkeypatch):
+    """The live widgets cost about as much as a warm one-step run: re-running a cell whose last
+    run was over within LIVE_AFTER_S shows only its summary, unless this run trains that long;
+    then the view appears with what happened so far."""
+    from phalanx.fit._control import RunControl
+    from phalanx.widgets._display import LIVE_AFTER_S
+    from phalanx.widgets._run_view import RunView
+
+    monkeypatch.setattr(_frontend, "widgets_available", lambda shell: True)
+    clock = FakeClock()
+    control, shown_views = RunControl(clock), []
+    session = SimpleNamespace(events=EventBus(), last_record=None, call_in_wait_loop=control.call_soon)
+    body = "opt.step()  # a quick one"
+
+    def start(run_id):
+        control.begin()
+        shown = RunDisplay(session, None, widget=True, show=shown_views.append, body=body)
+        shown.start(SimpleNamespace(run_id=run_id, world_size=2, total_steps=4), run_id)
+        return shown
+
+    def end(shown, run_id, wall_s):
+        session.last_record = fake_record(run_id, steps={0: 4, 1: 4})
+        session.last_record.wall_s = wall_s
+        return shown.finish()
+
+    first = start("r-20")                    # never run before: the view at once
+    assert isinstance(first.view, RunView) and shown_views == [first.view]
+    end(first, "r-20", 0.05)
+    quick = start("r-21")                    # its last run was quick: nothing shown yet
+    session.events.emit(progress_event("r-21", [rank_progress(0, 2, 4), rank_progress(1, 2, 4)]))
+    control.pump()                           # not due: the run is still young
+    assert quick.view is None and len(shown_views) == 1
+    summary = end(quick, "r-21", 0.05)       # over before the view was due: the summary alone
+    assert summary.record.run_id == "r-21" and quick.view is None and len(shown_views) == 1
+    longer = start("r-22")
+    session.events.emit(progress_event("r-22", [rank_progress(0, 3, 4), rank_progress(1, 1, 4)]))
+    clock.now += LIVE_AFTER_S
+    control.pump()                           # this run has trained long enough: the view
+    assert isinstance(longer.view, RunView) and shown_views[-1] is longer.view
+    longer.view.drain()
+    assert [bar.value for bar in longer.view.progress.bars] == [3, 1]   # what came before it
+    session.events.emit(progress_event("r-22", [rank_progress(0, 4, 4), rank_progress(1, 4, 4)]))
+    longer.view.drain()
+    assert [bar.value for bar in longer.view.progress.bars] == [4, 4]   # and what comes after
+
+
 def test_the_end_of_a_run_renders_the_plot_again_only_when_it_changed():
     plot = _plot.LivePlot(world_size=1)
     rendered = plot.model.render_bundle

@@ -111,10 +111,11 @@ class Session(RunHistoryQueries):
         the panel's and the widgets' messages there while a cell runs (:mod:`phalanx._pump`)."""
         self.fits.control.message_pump = pump
 
-    def call_in_wait_loop(self, task: Callable[[], object]) -> None:
-        """Run ``task`` on the running cell's own thread, at the next poll of its run's wait
-        loop (any thread may ask): widgets made there are addressed to the cell."""
-        self.fits.control.call_soon(task)
+    def call_in_wait_loop(self, task: Callable[[], object], delay_s: float = 0.0) -> None:
+        """Run ``task`` on the running cell's own thread, at the first poll of its run's wait
+        loop ``delay_s`` seconds from now or later (any thread may ask): widgets made there are
+        addressed to the cell.  A run over sooner never runs it."""
+        self.fits.control.call_soon(task, delay_s)
 
     # --- cluster verbs (the magic and the widgets call these) ---------------------------------
 

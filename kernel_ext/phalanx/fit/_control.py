@@ -12,15 +12,17 @@ Example::
     control.request_stop("the panel's Stop button")   # from any thread
     control.pump()        # in the wait loop: raises KeyboardInterrupt once
 
-The wait loop also runs work other threads hand it (:meth:`RunControl.call_soon`): it runs on
-the cell's own thread, in the cell's context, where widgets are made and their messages are
-addressed to the cell, while the thread asking (the tracker's publisher) keeps going.
+The wait loop also runs work other threads hand it (:meth:`RunControl.call_soon`), at once or
+once the run has gone a while: it runs on the cell's own thread, in the cell's context, where
+widgets are made and their messages are addressed to the cell, while the thread asking (the
+tracker's publisher) keeps going.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Callable
 
 log = logging.getLogger("phalanx")
@@ -31,13 +33,14 @@ Pump = Callable[[], None]
 class RunControl:
     """A run's stop flag and the wait loop's pump (thread-safe)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._lock = threading.Lock()
+        self._clock = clock
         self._stop_reason: str | None = None
         self._raised = False
         self.stopped_by: str | None = None   # why the last run was stopped, for its error
         self.message_pump: Pump | None = None  # handles the kernel's pending messages (no subshells)
-        self._soon: list[Callable[[], object]] = []
+        self._soon: list[tuple[float, Callable[[], object]]] = []  # (when due, task)
 
     def begin(self) -> None:
         """A new run starts: forget the last one's stop and what was asked of its wait loop."""
@@ -45,11 +48,12 @@ class RunControl:
             self._stop_reason, self._raised, self.stopped_by = None, False, None
             self._soon = []
 
-    def call_soon(self, task: Callable[[], object]) -> None:
-        """Run ``task`` in the running run's wait loop, at its next poll (any thread).  A task
-        asked for after the loop's last poll is dropped when the next run begins."""
+    def call_soon(self, task: Callable[[], object], delay_s: float = 0.0) -> None:
+        """Run ``task`` in the running run's wait loop, at its first poll ``delay_s`` seconds
+        from now or later (any thread).  A task the loop's last poll did not run (asked for
+        after it, or not due by then) is dropped when the next run begins."""
         with self._lock:
-            self._soon.append(task)
+            self._soon.append((self._clock() + delay_s, task))
 
     def request_stop(self, reason: str) -> None:
         """Ask the running run to stop at its wait loop's next poll (any thread)."""
@@ -63,8 +67,10 @@ class RunControl:
         Raises ``KeyboardInterrupt`` once per stop: the wait loop treats it as the person's
         interrupt (releases every rank); a second one would abandon the run.
         """
+        now = self._clock()
         with self._lock:
-            tasks, self._soon = self._soon, []
+            tasks = [task for due, task in self._soon if due <= now]
+            self._soon = [(due, task) for due, task in self._soon if due > now]
         for task in tasks:
             try:
                 task()

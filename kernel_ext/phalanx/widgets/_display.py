@@ -5,6 +5,11 @@ or ``--no-widget``), attaches it to the session's event bus when the run starts 
 and, at the end, detaches it and hands back the static :class:`RunSummary` to display, also
 after a failed or interrupted run, whose curves are worth keeping too.
 
+The live widgets cost the kernel about 25 ms to build and send, as much as a warm one-step run
+itself.  A cell whose last run in this kernel was over within ``LIVE_AFTER_S`` shows them only
+once its run has trained that long (its events so far are replayed to them); a re-run that is
+over sooner shows its summary alone, which holds what the finished view would have shown.
+
 Example::
 
     shown = RunDisplay(session, shell, widget=opts.widget, body=cell)
@@ -19,6 +24,7 @@ Example::
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any, Callable
 
 from . import _frontend
@@ -31,6 +37,7 @@ log = logging.getLogger("phalanx")
 # Each cell body's last run's wall time in this kernel (by the body's hash), the most recent few.
 _LAST_WALL: dict[int, float] = {}
 _LAST_WALL_KEPT = 256
+LIVE_AFTER_S = 1.0  # a cell whose last run was over sooner shows its live view after this long
 
 
 def _display(obj: Any) -> None:
@@ -53,38 +60,66 @@ class RunDisplay:
         last_wall = _LAST_WALL.get(self._body_key) if self._body_key is not None else None
         self.plot_ahead = body is None or (calls_log(body) and not (
             last_wall is not None and last_wall < PLOT_AFTER_S))
+        self.live_later = self.live and last_wall is not None and last_wall < LIVE_AFTER_S
         self.view: Any = None
         self.run_id: str | None = None
         self._show = show if show is not None else _display
         self._unsubscribe: Callable[[], None] | None = None
         self._loader: Any = None
+        self._lock = threading.Lock()
+        self._early: list[Any] = []  # the run's events before its view exists (a second's worth)
 
     def start(self, tracker: Any, name: str) -> None:
-        """``on_start`` callback of ``Session.distributed_fit``: show and subscribe the view."""
+        """``on_start`` callback of ``Session.distributed_fit``: subscribe, show the view now
+        or, for a cell whose last run was quick, once this one has trained LIVE_AFTER_S."""
         self.run_id = tracker.run_id
+        self._unsubscribe = self.session.events.subscribe(self._route)
+        later = getattr(self.session, "call_in_wait_loop", None) if self.live_later else None
+        if later is not None:
+            later(lambda: self._open(tracker, name), LIVE_AFTER_S)
+        else:
+            self._open(tracker, name)
+
+    def _open(self, tracker: Any, name: str) -> None:
+        """Build and show the view, then hand it the events that came before it."""
+        view: Any
         try:
             if self.live:
                 from ._bokehjs import load_bokehjs
                 from ._run_view import RunView
 
-                self.view = RunView.for_tracker(
+                view = RunView.for_tracker(
                     tracker, name, on_stop=lambda: self.session.stop_run("Stop under the cell"),
                     plot_ahead=self.plot_ahead,
                     build_with=getattr(self.session, "call_in_wait_loop", None))
                 self._loader = load_bokehjs(self.shell)
-                self._show(self.view)
+                self._show(view)
             else:
-                self.view = TextProgress(tracker.run_id, name)
+                view = TextProgress(tracker.run_id, name)
         except Exception:  # a view that cannot be built must not stop the training
             log.exception("phalanx: the live view of %s could not be shown; using text", name)
-            self.view = TextProgress(tracker.run_id, name)
-        self._unsubscribe = self.session.events.subscribe(self.view.handle)
+            view = TextProgress(tracker.run_id, name)
+        with self._lock:
+            for event in self._early:
+                view.handle(event)
+            self._early, self.view = [], view
+
+    def _route(self, event: Any) -> None:
+        """Bus subscriber: to the view, or kept until it exists."""
+        with self._lock:
+            view = self.view
+            if view is None:
+                self._early.append(event)
+                return
+        view.handle(event)
 
     def finish(self) -> RunSummary | None:
         """Detach the view, show the final state; the summary of this run, if it has a record."""
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
+        with self._lock:  # a run over before its view was due: the summary says it all
+            self._early = []
         record = self._record()
         if record is not None and self._body_key is not None:
             _LAST_WALL.pop(self._body_key, None)  # re-inserted last: the oldest entry goes first
