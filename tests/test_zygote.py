@@ -28,6 +28,16 @@ def test_only_variables_read_at_import_must_match_the_zygotes():
         "its environment differs in OMP_NUM_THREADS"
 
 
+def test_a_nanny_no_zygote_answers_for_is_left_to_ipyparallel(tmp_path):
+    """Asked of a zygote that is not there, the forked engine's nanny request says so (and
+    leaves no pipe open), so that ipyparallel starts the nanny itself."""
+    from phalanx.cluster._zygote_nanny import fork_nanny
+
+    before = sorted(os.listdir("/proc/self/fd"))
+    assert fork_nanny(str(tmp_path / "gone.sock"), {"engine_id": 0}) is None
+    assert sorted(os.listdir("/proc/self/fd")) == before
+
+
 def _probe(session) -> list[dict]:
     return session.cluster.view().apply_sync(_engine_info)
 

@@ -7,8 +7,8 @@ interpreter that imports ipyparallel first: about 0.4 s of CPU per engine, as mu
 engine itself uses to start.  The zygote has those imports done, so a forked engine asks it for
 the nanny over the zygote's socket, passing the two pipes ipyparallel would have given the
 nanny; the nanny is then the zygote's child, named ``phalanx-nanny``, and runs ipyparallel's own
-nanny code.  Where the zygote cannot answer (it ended, or refused), ipyparallel starts the nanny
-as usual.
+nanny code.  Where the zygote cannot answer (it ended, or refused) or the forked nanny ends
+without answering, ipyparallel starts the nanny as usual.
 """
 
 from __future__ import annotations
@@ -64,13 +64,13 @@ def fork_nanny(zygote_path: str, kwargs: dict) -> tuple[str, ForkedNanny] | None
         arguments.write(pickle.dumps(kwargs))
     answers = os.fdopen(answers_in, "rb")
     url = answers.readline().decode().strip()
-    if not url:  # as ipyparallel does when its nanny fails to start
+    if not url:  # it ended before answering (its error is on the engine's stderr)
         answers.close()
         try:
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
-        raise RuntimeError("nanny failed")
+        return None  # ipyparallel starts one itself, and fails as it would if that fails too
     return url, ForkedNanny(pid, answers)
 
 
