@@ -54,7 +54,7 @@ IMPORT_TIME_PREFIXES = ("PYTHON", "LD_", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENB
                         "NUMPY_", "TORCH", "PYTORCH_", "MALLOC_", "GLIBC_")
 PRELOAD = ("ipyparallel.engine.app", "ipyparallel.engine.nanny", "numpy", "torch",
            "torch._dynamo", "torch.distributed", "phalanx.runtime._entry",
-           "phalanx.cluster._supervise")
+           "phalanx.cluster._supervise", "phalanx.cluster._zygote_nanny")
 
 
 def read_at_import(key: str) -> bool:

@@ -313,14 +313,15 @@ class LivePlot:
 
         def zoomed(event: Any) -> None:
             name = next((n for n, p in self.panels.items() if p is panel), None)
-            if name is not None and self._fetch is not None:
-                self._zoomed(name, event.x0, event.x1, self._fetch)
+            if name is not None:
+                self._zoomed(name, event.x0, event.x1)
 
         for fig in panel.figures:
             fig.on_event(RangesUpdate, zoomed)
 
-    def _zoomed(self, name: str, start: float | None, end: float | None, fetch: Callable) -> None:
-        if start is None or end is None or end <= start:
+    def _zoomed(self, name: str, start: float | None, end: float | None) -> None:
+        fetch = self._fetch
+        if fetch is None or start is None or end is None or end <= start:
             return
         with self._lock:
             if self._windows.get(name) == (start, end):
