@@ -57,6 +57,29 @@ def wait_for(predicate, timeout: float, interval: float = 0.02, what: str = "con
     raise AssertionError(f"{what} not reached within {timeout:g} s")
 
 
+def engine_state(cluster, slot, log_lines: int = 15) -> str:
+    """What a test that waited in vain on an engine prints: the process's state and signal masks
+    (a signal pending, blocked or ignored shows here) and the end of its launcher's log, where
+    its nanny logs each signal it relays."""
+    lines = [f"engine {slot.engine_id} pid {slot.pid} slot state {slot.state!r}"]
+    try:
+        status = Path(f"/proc/{slot.pid}/status").read_text().splitlines()
+        lines += [line for line in status if line.startswith(("State", "Threads", "Sig", "Shd"))]
+        lines.append("wchan " + Path(f"/proc/{slot.pid}/wchan").read_text())
+    except OSError as exc:
+        lines.append(f"no /proc entry: {exc}")
+    sets = getattr(getattr(cluster, "_cluster", None), "engines", {}) or {}
+    engine_set = sets.get(slot.engine_set_id)
+    for launcher in getattr(engine_set, "launchers", {}).values():
+        output = getattr(launcher, "output_file", "")
+        try:
+            tail = Path(output).read_text(errors="replace").splitlines()[-log_lines:]
+        except OSError as exc:
+            tail = [f"not readable: {exc}"]
+        lines += [f"log {output}:"] + tail
+    return "\n".join(lines)
+
+
 def when_rank_logged(session, rank: int, rows: int, action, timeout: float = 60.0):
     """Run ``action()`` in a thread once ``rank`` has logged ``rows`` rows in the active run.
 

@@ -23,7 +23,8 @@ from conftest import assert_all_gone, run_cell
 from test_reliability_engines import CRASH
 from test_reliability_faults import ENDLESS as FAULTS_ENDLESS, SETUP, WARM_UP  # noqa: F401
 from test_reliability_faults import _next_run_works, ready  # noqa: F401  (the fixture too)
-from test_reliability_helpers import wait_for, when_rank_logged, write_sitecustomize
+from test_reliability_helpers import (engine_state, wait_for, when_rank_logged,
+                                      write_sitecustomize)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -44,8 +45,10 @@ def launcher_notice_held(cluster, until):
     original = cluster._set_stopped
 
     def late(set_id, data):
-        wait_for(until, 30, what="the other notice")
-        original(set_id, data)
+        try:
+            wait_for(until, 30, what="the other notice")
+        finally:  # delivered even when the test failed: the next test's cluster needs it
+            original(set_id, data)
 
     cluster._set_stopped = late
     try:
@@ -100,15 +103,20 @@ def test_interrupting_an_engine_ipyparallel_already_forgot_skips_it(ready, tmp_p
     wait_for(lambda: len(os.listdir(tmp_path)) == 2, 30, what="both engines busy")
     late = threading.Event()
     with launcher_notice_held(cluster, late.is_set):
-        _kill_and_wait_forgotten(ready, 1)
-        assert slots[1].state == "idle"  # the launcher's notice is still held back
-        opts = types.SimpleNamespace(timeout=None, collective_timeout=5)
-        waiter = Waiter(cluster, slots, ars, RunTracker("race", 2, None, lambda e: None), opts)
-        waiter._release({0, 1}, [])  # raised KeyError before
-        wait_for(ars[0].ready, 20, what="rank 0 interrupted")
-        with pytest.raises(Exception, match="KeyboardInterrupt"):
-            ars[0].get()
-        late.set()
+        try:
+            _kill_and_wait_forgotten(ready, 1)
+            assert slots[1].state == "idle"  # the launcher's notice is still held back
+            opts = types.SimpleNamespace(timeout=None, collective_timeout=5)
+            waiter = Waiter(cluster, slots, ars, RunTracker("race", 2, None, lambda e: None), opts)
+            waiter._release({0, 1}, [])  # raised KeyError before
+            try:
+                wait_for(ars[0].ready, 20, what="rank 0 interrupted")
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}\n{engine_state(cluster, slots[0])}") from None
+            with pytest.raises(Exception, match="KeyboardInterrupt"):
+                ars[0].get()
+        finally:
+            late.set()
     wait_for(lambda: slots[1].state == "dead", 30, what="the launcher's notice")
     ready.restart(1)
 
@@ -138,9 +146,11 @@ def test_a_run_started_on_an_engine_ipyparallel_already_forgot_names_the_rank(re
     victim = cluster.slots()[1]
     late = threading.Event()
     with launcher_notice_held(cluster, late.is_set):
-        _kill_and_wait_forgotten(ready, 1)
-        error = _fit_error(shell, "%%distributed_fit\nallreduce(np.ones(4))\n")
-        late.set()
+        try:
+            _kill_and_wait_forgotten(ready, 1)
+            error = _fit_error(shell, "%%distributed_fit\nallreduce(np.ones(4))\n")
+        finally:
+            late.set()
     assert error.rank == 1 and "died" in str(error) and f"pid {victim.pid}" in str(error)
     wait_for(lambda: victim.state == "dead", 30, what="the launcher's notice")
     run_cell(shell, "%cluster restart 1")
