@@ -47,14 +47,22 @@ MAX_MESSAGE = 1 << 20                # a request: arguments and environment, as 
 NANNY_NAME = "phalanx-nanny"         # the process name of a nanny forked here
 # Variables that what the zygote imports reads at import time (the interpreter's paths and
 # flags, the dynamic loader, the thread pools of OpenMP, MKL and OpenBLAS that load with torch and
-# numpy, torch's own switches): an engine whose environment differs from the zygote's in one of
-# these starts as a separate process.  Any other variable is simply the engine's own: the forked
-# engine gets the environment its launcher gave it, whole.
+# numpy, torch's own switches, the debugger ipykernel loads): an engine whose environment differs
+# from the zygote's in one of these starts as a separate process.  Any other variable is simply
+# the engine's own: the forked engine gets the environment its launcher gave it, whole.
 IMPORT_TIME_PREFIXES = ("PYTHON", "LD_", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "NPY_",
-                        "NUMPY_", "TORCH", "PYTORCH_", "MALLOC_", "GLIBC_")
-PRELOAD = ("ipyparallel.engine.app", "ipyparallel.engine.nanny", "numpy", "torch",
-           "torch._dynamo", "torch.distributed", "phalanx.runtime._entry",
-           "phalanx.cluster._supervise", "phalanx.cluster._zygote_nanny")
+                        "NUMPY_", "TORCH", "PYTORCH_", "MALLOC_", "GLIBC_", "PYDEVD_", "DEBUGPY_")
+# What an engine imports from its start to the end of its first run.  Whatever a forked engine
+# still imports costs that CPU in every engine: the kernel's debugger (debugpy, about 140 modules
+# and 0.13 s, a third of an engine's own start-up, measured) and the modules a first run loads.
+PRELOAD = ("ipyparallel.engine.app", "ipyparallel.engine.nanny", "ipykernel.debugger",
+           "IPython.extensions.storemagic", "IPython.core.completerlib", "sqlite3", "numpy",
+           "torch", "torch._dynamo", "torch.distributed", "cloudpickle", "phalanx.fit",
+           "phalanx.runtime._entry", "phalanx.runtime._grad_sync", "phalanx.runtime._sync",
+           "phalanx.runtime._metrics", "phalanx.runtime._profile",
+           "phalanx.runtime.transport._comm", "phalanx.runtime.transport._comm_torch",
+           "phalanx.runtime.transport._shm", "phalanx.cluster._supervise",
+           "phalanx.cluster._zygote_nanny")
 
 
 def read_at_import(key: str) -> bool:
