@@ -33,6 +33,7 @@ for good), killing the engines it forked that still run, and removes its socket'
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import selectors
@@ -357,6 +358,12 @@ def main(argv: list[str]) -> None:
         zygote.refusal = "CUDA was initialised while importing"
     elif "phalanx.cluster._supervise" in missing:
         zygote.refusal = "phalanx could not be imported"
+    # Every object imported so far lives as long as the engines: moved out of the collector's
+    # reach, an engine's collections no longer write to each object's header, which copied
+    # nearly every page of the zygote's heap into each engine (Python's gc documentation
+    # recommends this before forking).
+    gc.collect()
+    gc.freeze()
 
     def stop(signum: int, frame: object) -> None:
         raise SystemExit(0)
