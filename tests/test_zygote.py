@@ -135,7 +135,8 @@ def test_a_killed_stand_in_or_zygote_takes_its_engines_and_restarts_start_fresh(
     session.start_cluster(n=2, gpus="none", timeout=60)
     zygote = _zygote_pid(session)
     engines = engine_pids(session)
-    stand_ins = [p for p in session.cluster.process_ids()["zygote"] if p != zygote]
+    stand_ins = [p for p in session.cluster.process_ids()["zygote"]
+                 if p != zygote and "ipyparallel.engine" in psutil.Process(p).cmdline()]
     assert len(stand_ins) == 2 and not set(stand_ins) & set(engines)
     os.kill(stand_ins[0], signal.SIGKILL)
     _wait(lambda: sum(s.state == "dead" for s in session.cluster.slots()) == 1,
@@ -155,6 +156,38 @@ def test_a_killed_stand_in_or_zygote_takes_its_engines_and_restarts_start_fresh(
     pids = engine_pids(session)
     session.stop_cluster()
     assert_all_gone(pids)
+
+
+@pytest.mark.slow
+def test_a_later_clusters_controller_is_forked_and_outlives_a_killed_zygote(no_cluster):
+    """A kernel's second cluster gets its controller from the zygote kept from the first (the
+    first's starts fresh, while the zygote imports).  It is the real controller, with its
+    schedulers and a private umask; a killed zygote takes the engines, not the controller, so
+    the restarted (fresh) engines join it; the stop ends it and its schedulers."""
+    from phalanx.cluster._zygote import CONTROLLER_NAME
+
+    session = no_cluster
+    session.start_cluster(n=1, gpus="none", timeout=60)
+    session.stop_cluster()  # the fork server is kept for the next cluster
+    session.start_cluster(n=2, gpus="none", timeout=60)
+    zygote = _zygote_pid(session)
+    controller = psutil.Process(session.cluster.process_ids()["controller"][0])
+    assert controller.ppid() == zygote and controller.name() == CONTROLLER_NAME
+    schedulers = controller.children()
+    assert schedulers
+    with open(f"/proc/{controller.pid}/status") as f:
+        assert next(line.split()[1] for line in f if line.startswith("Umask:")) == "0077"
+    assert _total(session) == 2.0
+    os.kill(zygote, signal.SIGKILL)
+    _wait(lambda: all(s.state == "dead" for s in session.cluster.slots()),
+          what="every forked engine marked dead")
+    assert controller.is_running() and session.cluster.controller_exit is None
+    session.restart()
+    assert all(i["ppid"] != zygote for i in _probe(session))
+    assert _total(session) == 2.0
+    pids = engine_pids(session)
+    session.stop_cluster()
+    assert_all_gone([*pids, controller.pid, *(p.pid for p in schedulers)])
 
 
 @pytest.mark.slow

@@ -64,6 +64,7 @@ class ClusterManager(StatusMixin, AdoptionMixin, EngineStartMixin):
         self._runner: LoopThread | None = None
         self._warden: Warden | None = None
         self._zygote: ZygoteHandle | None = None  # kept across clusters (see _start_zygote)
+        self._forked_controller: Any = None  # the controller, where the zygote forked it
         self._fork_server_idle_s = 0.0
         self._cluster: Any = None
         self.client: Any = None
@@ -195,12 +196,24 @@ class ClusterManager(StatusMixin, AdoptionMixin, EngineStartMixin):
             cluster.controller_ip or None)
         cluster.controller_args = list(cluster.controller_args) + self._launcher.controller_args(
             self.controller_ip)
+        # A zygote kept from the kernel's last cluster forks the controller too (a new one is
+        # still importing: the controller does not wait for it).  The controller uses no GPU.
+        zygote = self._zygote if self._zygote is not None and self._zygote.ready() else None
+        environment = parent_env()
+        if zygote is not None:
+            environment.update(zygote.environment(), CUDA_VISIBLE_DEVICES="")
+        self._forked_controller = None
         await cluster.start_controller(controller_cmd=supervised("ipyparallel.controller"),
-                                       environment=parent_env())
+                                       environment=environment)
         assert self._warden is not None  # started just before the controller
-        self._warden.watch(launched_processes(cluster.controller))
+        stand_in = launched_processes(cluster.controller)
+        self._warden.watch(stand_in)
         cluster.controller.on_stop(self._controller_stopped)
         self.client = await cluster.connect_client()
+        if zygote is not None and stand_in:  # it runs by now: the client has connected to it
+            self._forked_controller = zygote.controller(since=stand_in[0].create_time())
+            if self._forked_controller is not None:  # the warden then knows its schedulers
+                self._warden.watch([self._forked_controller])
 
     def stop(self) -> bool:
         """Stop every engine and the controller; returns False when nothing was running."""
@@ -218,6 +231,7 @@ class ClusterManager(StatusMixin, AdoptionMixin, EngineStartMixin):
                 slot.state = "stopping"
         cluster, client, runner, warden = self._cluster, self.client, self._runner, self._warden
         self._cluster = self.client = self._runner = self._warden = None
+        self._forked_controller = None
         sets = list(cluster.engines.values()) if cluster is not None else []
         try:
             left = True

@@ -26,7 +26,10 @@ class StatusMixin(ManagerState):
                                        "engines": [s.pid for s in self.slots() if s.pid],
                                        "warden": [warden.pid] if warden and warden.pid else []}
         controller = getattr(self._cluster, "controller", None) if self._cluster else None
-        if controller is not None and getattr(controller, "pid", None):
+        forked = self._forked_controller
+        if forked is not None and forked.is_running():  # its stand-in counts with the zygote
+            roots["controller"] = [forked.pid]
+        elif controller is not None and getattr(controller, "pid", None):
             roots["controller"] = [controller.pid]
         found: dict[str, list[int]] = {}
         for role, pids in roots.items():
@@ -55,6 +58,8 @@ class StatusMixin(ManagerState):
             return []
         launched = [p.pid for s in list(self._cluster.engines.values())
                     for p in launched_processes(s)]
+        if self._forked_controller is not None:
+            launched += [p.pid for p in launched_processes(self._cluster.controller)]
         return [pid for pid in [zygote.pid, *launched]
                 if pid not in engine_pids and psutil.pid_exists(pid)]
 

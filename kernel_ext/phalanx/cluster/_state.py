@@ -35,6 +35,7 @@ class ManagerState:
     _launcher: Launcher
     _warden: Warden | None
     _zygote: ZygoteHandle | None         # the local CPU engines' fork server, where one runs
+    _forked_controller: Any            # the controller (psutil process) where the zygote forked it
     _gpus: list[str]                   # this host's devices, as listed at start
     _on_change: Callable[[], None]
     client: Any                        # the ipyparallel Client while a cluster runs

@@ -103,8 +103,8 @@ def main(argv: list[str]) -> None:
     os.umask(0o077)
     start_watchdog()
     module = argv[0]
-    if module == "ipyparallel.engine" and os.environ.get("PHALANX_ZYGOTE"):
-        _engine_from_zygote(argv)  # returns only where the engine must start here after all
+    if os.environ.get("PHALANX_ZYGOTE"):
+        _forked_by_zygote(argv)  # returns only where it must start here after all
     sys.argv = [module] + argv[1:]
     code = 0
     try:
@@ -119,8 +119,9 @@ def main(argv: list[str]) -> None:
     _exit_now(code)
 
 
-def _engine_from_zygote(argv: list[str]) -> None:
-    """Have the cluster's zygote fork this engine (:mod:`._zygote`) and end as it ends."""
+def _forked_by_zygote(argv: list[str]) -> None:
+    """Have the kernel's zygote fork this engine or controller (:mod:`._zygote`) and end as it
+    ends."""
     import importlib.util
 
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_zygote_proxy.py")

@@ -18,6 +18,9 @@ as the engine exits.  A proxy that is killed takes its engine with it, and so do
 that is killed: a stand-in never outlives its engine, nor an engine its stand-in.  A forked
 engine asks the zygote, over the same socket, for its ipyparallel *nanny* too
 (:mod:`._zygote_nanny`): the nanny's own start is a fresh interpreter importing ipyparallel.
+A kernel's later clusters have their controller forked here as well (it imports in 0.02 s what
+costs a fresh controller about 0.75 s of CPU); the first starts fresh, as the zygote is still
+importing then.
 
 What is shared by forking is only what importing creates.  The zygote never computes, creates no
 thread and initialises no CUDA: it serves CPU engines only (a GPU engine always starts fresh, as
@@ -46,6 +49,7 @@ ENV_SOCKET = "PHALANX_ZYGOTE"        # where the proxy asks (set in the engines'
 ENV_PID = "PHALANX_ZYGOTE_PID"       # ... and which process answers: dead means start fresh
 MAX_MESSAGE = 1 << 20                # a request: arguments and environment, as JSON
 NANNY_NAME = "phalanx-nanny"         # the process name of a nanny forked here
+CONTROLLER_NAME = "phalanx-control"  # ... and of a controller (15 bytes: the most a name holds)
 # Variables that what the zygote imports reads at import time (the interpreter's paths and
 # flags, the dynamic loader, the thread pools of OpenMP, MKL and OpenBLAS that load with torch and
 # numpy, torch's own switches, the debugger ipykernel loads): an engine whose environment differs
@@ -53,11 +57,13 @@ NANNY_NAME = "phalanx-nanny"         # the process name of a nanny forked here
 # the engine's own: the forked engine gets the environment its launcher gave it, whole.
 IMPORT_TIME_PREFIXES = ("PYTHON", "LD_", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "NPY_",
                         "NUMPY_", "TORCH", "PYTORCH_", "MALLOC_", "GLIBC_", "PYDEVD_", "DEBUGPY_")
-# What an engine imports from its start to the end of its first run.  Whatever a forked engine
-# still imports costs that CPU in every engine: the kernel's debugger (debugpy, about 140 modules
-# and 0.13 s, a third of an engine's own start-up, measured) and the modules a first run loads.
-PRELOAD = ("ipyparallel.engine.app", "ipyparallel.engine.nanny", "ipykernel.debugger",
-           "IPython.extensions.storemagic", "IPython.core.completerlib", "sqlite3", "numpy",
+# What an engine imports from its start to the end of its first run, and what a controller
+# imports.  Whatever a forked process still imports costs that CPU in every one: the kernel's
+# debugger (debugpy, about 140 modules and 0.13 s, a third of an engine's own start-up,
+# measured) and the modules a first run loads.
+PRELOAD = ("ipyparallel.engine.app", "ipyparallel.engine.nanny", "ipyparallel.controller.app",
+           "ipykernel.debugger", "IPython.extensions.storemagic", "IPython.core.completerlib",
+           "sqlite3", "numpy",
            "torch", "torch._dynamo", "torch.distributed", "cloudpickle", "phalanx.fit",
            "phalanx.runtime._entry", "phalanx.runtime._grad_sync", "phalanx.runtime._sync",
            "phalanx.runtime._metrics", "phalanx.runtime._profile",
@@ -200,9 +206,13 @@ class Zygote:
         pid = os.fork()
         if pid:
             return pid
-        try:  # the engine or nanny: nothing of the zygote's serving is kept
+        controller = request.get("argv", [])[:1] == ["ipyparallel.controller"]
+        try:  # the engine, nanny or controller: nothing of the zygote's serving is kept
             os.setsid()
-            if not nanny:  # a nanny outlives its engine a moment, to tell the controller
+            # A nanny outlives its engine a moment, to tell the controller; the controller
+            # outlives a zygote that dies under it, so that restarted engines (then started
+            # fresh) still find it.  Its stand-in waits for it either way.
+            if not nanny and not controller:
                 _die_with(zygote=self.pid)
             for target, fd in enumerate(fds):
                 os.dup2(fd, target)
@@ -224,8 +234,11 @@ class Zygote:
             from phalanx.cluster._supervise import main as supervised_main
             from phalanx.cluster._zygote_nanny import ask_for_nannies
 
-            ask_for_nannies(self.path)
-            supervised_main(request["argv"])  # runs the engine; never returns
+            if controller:
+                _set_name(CONTROLLER_NAME)  # its command line is the zygote's: found by name
+            else:
+                ask_for_nannies(self.path)
+            supervised_main(request["argv"])  # runs the engine or controller; never returns
         except BaseException:
             traceback.print_exc()
         os._exit(1)
@@ -320,14 +333,19 @@ def _run_nanny() -> None:
     """Be an engine's nanny, as ``python -m ipyparallel.engine.nanny`` would: its arguments
     come on standard input, its address goes back on standard output (line-buffered here: the
     engine waits for that line), and it runs until its engine has exited."""
-    import ctypes
-
-    pr_set_name = 15  # what ps and psutil's name() show: not the zygote's command line
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_name, NANNY_NAME.encode())
+    _set_name(NANNY_NAME)
     sys.stdout = open(1, "w", buffering=1, closefd=False)
     from ipyparallel.engine.nanny import main as nanny_main
 
     nanny_main()
+
+
+def _set_name(name: str) -> None:
+    """The process name ps and psutil's ``name()`` show, where the command line is the zygote's."""
+    import ctypes
+
+    pr_set_name = 15
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_name, name.encode())
 
 
 def _reseed() -> None:

@@ -17,10 +17,11 @@ import os
 import signal
 import subprocess
 import sys
+from typing import Any
 
 from .._scratch import ScratchDir
 from ._supervise import parent_env
-from ._zygote import ENV_PID, ENV_SOCKET, NANNY_NAME, environment_mismatch
+from ._zygote import CONTROLLER_NAME, ENV_PID, ENV_SOCKET, NANNY_NAME, environment_mismatch
 
 log = logging.getLogger("phalanx")
 
@@ -99,8 +100,22 @@ class ZygoteHandle:
         """What an engine's environment needs to be forked from this zygote."""
         return {ENV_SOCKET: self.path, ENV_PID: str(self.proc.pid)}
 
+    def ready(self) -> bool:
+        """Whether it has imported and listens: a controller only waits for one that does."""
+        return self.proc.poll() is None and os.path.exists(self.path)
+
     def nannies(self) -> list[int]:
         """The engines' nannies it forked that still run (:mod:`._zygote_nanny`)."""
+        return [p.pid for p in self._children_named(NANNY_NAME)]
+
+    def controller(self, since: float) -> Any:
+        """The controller it forked for a stand-in started at ``since`` (a psutil process), or
+        ``None``: the newest child by that name started after the stand-in."""
+        found = [p for p in self._children_named(CONTROLLER_NAME)
+                 if _started(p) >= since - 1e-3]
+        return max(found, key=_started) if found else None
+
+    def _children_named(self, name: str) -> list:
         import psutil
 
         found = []
@@ -110,8 +125,8 @@ class ZygoteHandle:
             return []
         for child in children:
             try:
-                if child.name() == NANNY_NAME:
-                    found.append(child.pid)
+                if child.name() == name:
+                    found.append(child)
             except psutil.NoSuchProcess:
                 continue
         return found
@@ -129,3 +144,12 @@ class ZygoteHandle:
             except ProcessLookupError:
                 pass
         self._scratch.remove()
+
+
+def _started(proc: Any) -> float:
+    import psutil
+
+    try:
+        return float(proc.create_time())
+    except psutil.NoSuchProcess:
+        return 0.0

@@ -59,9 +59,10 @@ def run_forked(argv: list[str], environ: dict | None = None) -> tuple[str, int] 
     if "exit" in outcome:
         return "exit", int(outcome["exit"])
     # The zygote went first (killed): the operating system ends its engines with it (they are
-    # its children, with SIGKILL as their parent-death signal).  Stand for this one until gone.
+    # its children, with SIGKILL as their parent-death signal); a controller lives on.  Stand
+    # for this one until it is gone (its exit status went to the zygote, which is gone too).
     _wait_gone(pid)
-    _say("the engines' fork server is gone, and this engine with it")
+    _say(f"the fork server is gone, and process {pid} it forked has ended")
     return "signal", signal.SIGKILL
 
 
