@@ -20,7 +20,8 @@ engine asks the zygote, over the same socket, for its ipyparallel *nanny* too
 (:mod:`._zygote_nanny`): the nanny's own start is a fresh interpreter importing ipyparallel.
 A kernel's later clusters have their controller forked here as well (it imports in 0.02 s what
 costs a fresh controller about 0.75 s of CPU); the first starts fresh, as the zygote is still
-importing then.
+importing then.  A controller does not die with the zygote: engines restarted after a zygote
+was killed start fresh and join it.
 
 What is shared by forking is only what importing creates.  The zygote never computes, creates no
 thread and initialises no CUDA: it serves CPU engines only (a GPU engine always starts fresh, as
@@ -63,10 +64,9 @@ IMPORT_TIME_PREFIXES = ("PYTHON", "LD_", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENB
 # measured) and the modules a first run loads.
 PRELOAD = ("ipyparallel.engine.app", "ipyparallel.engine.nanny", "ipyparallel.controller.app",
            "ipykernel.debugger", "IPython.extensions.storemagic", "IPython.core.completerlib",
-           "sqlite3", "numpy",
-           "torch", "torch._dynamo", "torch.distributed", "cloudpickle", "phalanx.fit",
-           "phalanx.runtime._entry", "phalanx.runtime._grad_sync", "phalanx.runtime._sync",
-           "phalanx.runtime._metrics", "phalanx.runtime._profile",
+           "sqlite3", "numpy", "torch", "torch._dynamo", "torch.distributed", "cloudpickle",
+           "phalanx.fit", "phalanx.runtime._entry", "phalanx.runtime._grad_sync",
+           "phalanx.runtime._sync", "phalanx.runtime._metrics", "phalanx.runtime._profile",
            "phalanx.runtime.transport._comm", "phalanx.runtime.transport._comm_torch",
            "phalanx.runtime.transport._shm", "phalanx.cluster._supervise",
            "phalanx.cluster._zygote_nanny")
