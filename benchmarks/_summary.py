@@ -51,11 +51,17 @@ def _throughput(d: dict) -> list[dict]:
             ("magic_2_allreduce_vs_torchrun_ddp", "2 workers allreduce vs torchrun+DDP", "torchrun_ddp_2"),
             ("magic_2_localsgd_vs_torchrun_ddp", "2 workers localsgd (K=4) vs torchrun+DDP", "torchrun_ddp_2"),
             ("magic_2_wrap_vs_torchrun_ddp", "2 workers wrap() (DDP) vs torchrun+DDP", "torchrun_ddp_2"),
+            ("magic_2_wrap_vs_engine_ddp", "2 workers wrap() vs the same DDP loop in the engines "
+             "without a run (the run's own cost)", "engine_ddp_2"),
             ("magic_2_allreduce_vs_wrap", "2 workers zero-change vs wrap() (DDP)", "magic_2_wrap")):
         if key not in r:  # results written before this ratio existed
             continue
         rows.append(_row("throughput", label, r[key], ">= 0.97x", r[key] >= 0.97,
                          f"baseline {sps[base]['median']:.0f} samples/s"))
+    if "engine_ddp_2_vs_torchrun_ddp" in r:
+        rows.append(_row("throughput", "2 workers: that DDP loop in the engines vs under torchrun "
+                         "(the engine process's own cost)", r["engine_ddp_2_vs_torchrun_ddp"],
+                         "reported", None, f"baseline {sps['torchrun_ddp_2']['median']:.0f} samples/s"))
     rows.append(_row("throughput", "scaling efficiency, 2 workers allreduce",
                      r["scaling_efficiency_allreduce"], "reported", None,
                      f"torchrun+DDP: {r['scaling_efficiency_torchrun']:.2f}"))
