@@ -63,13 +63,11 @@ def _give_pip(env_dir: Path) -> None:
     """Binder's image has pip; give the new environment this one's, as hard links.  ``venv``'s
     own way (ensurepip installs its bundled pip and compiles it) costs about 6 s of CPU here for
     the same files."""
-    import importlib.metadata
-
     import pip
 
     purelib = Path(sysconfig.get_path("purelib", vars={"base": str(env_dir)}))
-    dist_info = Path(str(importlib.metadata.distribution("pip")._path))  # type: ignore[attr-defined]
-    for src in (Path(pip.__file__).parent, dist_info):
+    package = Path(pip.__file__).parent
+    for src in (package, *package.parent.glob(f"pip-{pip.__version__}.dist-info")):
         _link_tree(src, purelib / src.name)
 
 
