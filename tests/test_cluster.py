@@ -181,6 +181,12 @@ def test_mpi_launcher_starts_engines_under_mpiexec():
                 "via = type(current_run().collectives._pick([total])).__name__\n")
         session.distributed_fit(body, FitOptions.build(backend="mpi", returns="total,via"), ns)
         assert ns["total"].tolist() == [3.0, 3.0, 3.0] and ns["via"] == "MpiCommunicator"
+        # MPICH's shared memory between the two ranks on this host, as the engines map it
+        segments = {line.split()[-1] for pid in pids for line in open(f"/proc/{pid}/maps")
+                    if "/dev/shm/mpich_shm_" in line}
+        assert segments, "the MPI ranks on one host share no MPICH segment"
     finally:
         session.close()
     assert_all_gone(pids)
+    # MPI_Finalize would remove it; engines ended by the stop never run it, the stop does
+    assert not [s for s in segments if os.path.exists(s)], "a stopped MPI cluster left /dev/shm behind"

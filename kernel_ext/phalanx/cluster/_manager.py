@@ -30,6 +30,7 @@ from ._engines import EngineStartMixin
 from ._gpus import GpuSpec, assign_devices, default_engine_count, parse_gpu_spec, visible_gpus
 from ._heartbeat import CONTROLLER_ARGS
 from ._loop import LoopThread
+from ._mpi_segments import mpich_segments, remove_segments
 from ._launchers import Launcher, LaunchOptions, make_launcher
 from ._procs import (check_count, children_of, kill_leftovers, local_pids, terminate_together,
                      is_adopted, quiet_logger, shutdown_engines)
@@ -226,6 +227,7 @@ class ClusterManager(StatusMixin, AdoptionMixin, EngineStartMixin):
         with self._lock:
             pids = local_pids(self._slots.values())
             nannies = children_of(pids) + (self._zygote.nannies() if self._zygote else [])
+            segments = mpich_segments(pids)  # read while the engines still map them
             asked = [s.engine_id for s in self._slots.values() if self._ask_to_exit(s)]
             for slot in self._slots.values():
                 slot.state = "stopping"
@@ -256,6 +258,7 @@ class ClusterManager(StatusMixin, AdoptionMixin, EngineStartMixin):
             # whole cluster gone there is no one left to tell.
             terminate_together(nannies, grace=1.0)
             self._await_gone(sets)
+            remove_segments(segments)  # the engines that mapped them are gone (killed above)
             if not self._fork_server_idle_s:  # kept only where it may outlive the cluster
                 self.close_fork_server()  # after the engines: it would kill any still running
             if warden is not None:  # it ends what the stop left (a dead controller's schedulers)
