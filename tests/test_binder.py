@@ -43,18 +43,20 @@ def test_binder_steps_give_a_working_lab_and_quickstart(tmp_path):
     build = subprocess.run(["bash", str(source / "binder" / "postBuild")], cwd=source, env=env,
                            capture_output=True, text=True, timeout=1500)
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
-    listing = subprocess.run([str(bin_dir / "jupyter"), "labextension", "list"], env=env,
-                             capture_output=True, text=True, timeout=120)
-    text = listing.stdout + listing.stderr
-    assert "phalanx-lab" in text and "enabled" in text and "OK" in text, text
-    # The notebook driver is the test's, not part of what Binder needs.
-    subprocess.run([str(bin_dir / "python"), "-m", "pip", "install", "-q", "nbclient"], env=env,
-                   check=True, capture_output=True, timeout=300)
-    demo = subprocess.run([str(bin_dir / "python"), str(source / "notebooks" / "demo.py")],
+    # postBuild ends by printing `jupyter labextension list` (and fails without the panel)
+    listing = next((line for line in build.stdout.splitlines() if "phalanx-lab" in line), "")
+    assert "enabled" in listing and "OK" in listing, build.stdout[-3000:]
+    # The notebook driver is the test's, not part of what Binder needs (JupyterLab's server
+    # brings it today, through nbconvert: then nothing is installed).
+    python = str(bin_dir / "python")
+    if subprocess.run([python, "-c", "import nbclient"], env=env, capture_output=True).returncode:
+        subprocess.run([python, "-m", "pip", "install", "-q", "nbclient"], env=env,
+                       check=True, capture_output=True, timeout=300)
+    demo = subprocess.run([python, str(source / "notebooks" / "demo.py")],
                           cwd=source, env=env, capture_output=True, text=True, timeout=900)
     assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
     assert "test accuracy:" in demo.stdout
-    where = subprocess.run([str(bin_dir / "python"), "-c", "import phalanx; print(phalanx.__file__)"],
+    where = subprocess.run([python, "-c", "import phalanx; print(phalanx.__file__)"],
                            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert str(env_dir) in where.stdout  # the installed package, not this checkout
 

@@ -29,15 +29,19 @@ GONE_S = 30.0  # generous for a loaded 2-core machine; the measured time is prin
 
 
 ROLES = (("_warden.py", "warden"), ("engine.nanny", "nanny"), ("phalanx-nanny", "nanny"),
-         ("ipyparallel.engine", "engine"), ("ipyparallel.controller", "controller"))  # the controller's schedulers share its line
+         ("ipyparallel.engine", "engine"), ("ipyparallel.controller", "controller"),  # the controller's schedulers share its line
+         ("phalanx-control", "controller"), ("_zygote.py", "fork server"))
 
 
 def _role(proc: psutil.Process) -> str:
     try:
         line = " ".join([proc.name(), *proc.cmdline()])  # a nanny forked by the zygote: its name
-    except psutil.Error:
+        role = next((role for mark, role in ROLES if mark in line), line[:80])
+        if role == "fork server" and "_zygote.py" in " ".join(proc.parent().cmdline()):
+            return "forked engine"  # the zygote's command line, the zygote its parent
+        return role
+    except (psutil.Error, AttributeError):  # gone (a parent gone too: None)
         return "gone"
-    return next((role for mark, role in ROLES if mark in line), line[:80])
 
 
 def _roles(procs) -> dict[int, str]:
@@ -45,10 +49,11 @@ def _roles(procs) -> dict[int, str]:
 
 
 @contextlib.contextmanager
-def _kernel(tmp):
-    """A real kernel whose temporary files land in ``tmp``; whatever it started is killed at
-    the end even when the test failed (the list it yields collects the processes to check)."""
-    km, client = _start_kernel({"TMPDIR": str(tmp)})
+def _kernel(tmp, **env: str):
+    """A real kernel whose temporary files land in ``tmp`` (``env``: more of its variables);
+    whatever it started is killed at the end even when the test failed (the list it yields
+    collects the processes to check)."""
+    km, client = _start_kernel({"TMPDIR": str(tmp), **env})
     seen: list[psutil.Process] = []
     try:
         yield km, client, seen
@@ -113,6 +118,8 @@ def test_killed_kernel_leaves_no_process_scratch_dir_or_segment(tmp_path, figure
         roles = sorted(_roles(seen).values())
         assert roles.count("warden") == 1 and roles.count("engine") == 2, roles
         assert roles.count("nanny") == 2 and roles.count("controller") >= 2, roles
+        # forked (the socket's path in pytest's TMPDIR is about as long as a Unix address holds)
+        assert roles.count("fork server") == 1 and roles.count("forked engine") == 2, roles
 
         killed = _kill_and_wait(km, seen, figures, "orphans_killed_kernel")
         wait_for(lambda: not _scratch_dirs(tmp_path, kernel_pid) and not shm_segments_of(pids),
@@ -123,7 +130,10 @@ def test_killed_kernel_leaves_no_process_scratch_dir_or_segment(tmp_path, figure
 @pytest.mark.timeout(300)
 def test_added_stopped_engine_and_a_crashed_controllers_schedulers_end_with_the_kernel(
         tmp_path, figures):
-    with _kernel(tmp_path) as (km, client, seen):
+    # Engines started as separate processes, as every launcher but the local one starts them: a
+    # stopped one cannot run its own watchdog, so the kernel's warden must end it.  (A forked
+    # engine dies with its fork server, which ends with the kernel: the test above.)
+    with _kernel(tmp_path, PHALANX_FORK_SERVER="0") as (km, client, seen):
         execute(client, "%load_ext phalanx\n%cluster start -n 2 --gpus none\n%cluster scale 3\n")
         pids = execute(client, "from phalanx import get_session\n"
                                "print(*[s.pid for s in get_session().cluster.slots()])").split()
@@ -162,3 +172,39 @@ def test_cluster_stop_leaves_no_watchdog_nor_a_crashed_controllers_schedulers(no
     wait_for(lambda: session.cluster.controller_exit, GONE_S, what="the controller's exit noticed")
     session.stop_cluster()
     assert wardens() == [] and not alive(schedulers), _roles(schedulers)
+
+
+WATCHED = ("import time\nfrom phalanx.cluster._supervise import start_watchdog\n"
+           "start_watchdog()\nprint('watching', flush=True)\ntime.sleep(60)\n")
+
+
+def test_a_supervised_process_ends_with_its_parent_and_not_for_a_reused_pid():
+    """Every controller, engine and stand-in watches the kernel that started it: it ends once
+    the kernel has ended (exit code 70), and at once where the pid it was given now names
+    another process (a different start time)."""
+    import subprocess
+    import sys
+
+    from phalanx.cluster._supervise import PARENT_PID, PARENT_START, _start_ticks
+
+    parent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    children: list[subprocess.Popen] = []
+    try:
+        ticks = _start_ticks(parent.pid)
+        assert ticks is not None
+        for started in (ticks, ticks + 1):
+            children.append(subprocess.Popen(
+                [sys.executable, "-c", WATCHED], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                env={**os.environ, PARENT_PID: str(parent.pid), PARENT_START: str(started)}))
+        assert children[1].wait(timeout=30) == 70  # not its parent: it stops at once
+        assert children[0].stdout.readline() == b"watching\n"
+        assert children[0].poll() is None          # its parent runs: it waits
+        parent.kill()
+        parent.wait()
+        assert children[0].wait(timeout=30) == 70
+        assert b"the kernel (pid" in children[0].stderr.read()
+    finally:
+        parent.kill()
+        for child in children:
+            child.kill()
+            child.wait()

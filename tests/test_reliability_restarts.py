@@ -45,7 +45,7 @@ def _end(km, how: str) -> None:
 
 @pytest.mark.timeout(900)  # ten kernel starts, three clusters, on a loaded 2-core machine
 def test_ten_kernel_lifetimes_leave_nothing_behind(tmp_path, figures):
-    tmp = tmp_path / "tmp"
+    tmp = tmp_path / ("tmp" * 20)  # deeper than the 107 bytes of a Unix socket's address hold
     tmp.mkdir()
     km, client = _start_kernel({"TMPDIR": str(tmp)})  # everything temporary lands in tmp
     processes: list = []
@@ -57,6 +57,11 @@ def test_ten_kernel_lifetimes_leave_nothing_behind(tmp_path, figures):
             if work:
                 execute(client, "%cluster start -n 2 --gpus none\n")
                 execute(client, RUN)
+                # The fork server's socket path in this TMPDIR is longer than a Unix address
+                # holds: it must serve the engines all the same.
+                forked = execute(client, "print(len(get_session().cluster.process_ids()"
+                                         "['zygote']))\n")
+                assert int(forked) >= 3, "no fork server: each engine imported torch itself"
             if "network" in work:
                 execute(client, NETWORK + "\n%distributed_fit yhat\n")
             processes += psutil.Process(km.provisioner.pid).children(recursive=True)

@@ -38,6 +38,33 @@ def test_a_nanny_no_zygote_answers_for_is_left_to_ipyparallel(tmp_path):
     assert sorted(os.listdir("/proc/self/fd")) == before
 
 
+def test_a_socket_deeper_than_an_address_holds_is_still_served(tmp_path):
+    """A deep TMPDIR puts the zygote's socket beyond the 107 bytes of a Unix address: it is
+    bound and reached through its folder, and no descriptor is left open."""
+    import socket
+
+    from phalanx.cluster._zygote_proxy import MAX_ADDRESS, unix_address
+
+    folder = tmp_path / ("deep" * 30)
+    folder.mkdir()
+    path = str(folder / "zygote.sock")
+    assert len(path) > MAX_ADDRESS
+    before = sorted(os.listdir("/proc/self/fd"))
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as server, \
+            socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as client:
+        with unix_address(path) as address:
+            server.bind(address)
+        server.listen(1)
+        assert os.path.exists(path)  # the socket is where the path says, not in /proc
+        with unix_address(path) as address:
+            client.connect(address)
+        conn, _ = server.accept()
+        with conn:
+            client.send(b"fork")
+            assert conn.recv(16) == b"fork"
+    assert sorted(os.listdir("/proc/self/fd")) == before
+
+
 def _probe(session) -> list[dict]:
     return session.cluster.view().apply_sync(_engine_info)
 

@@ -127,7 +127,10 @@ class Zygote:
         self.kernel_fd = os.pidfd_open(kernel_pid) if kernel_pid is not None else None
 
     def serve(self) -> None:
-        self.server.bind(self.path)
+        from phalanx.cluster._zygote_proxy import unix_address
+
+        with unix_address(self.path) as address:
+            self.server.bind(address)
         self.server.listen(64)
         self.selector.register(self.server, selectors.EVENT_READ, "accept")
         if self.kernel_fd is not None:

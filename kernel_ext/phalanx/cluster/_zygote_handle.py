@@ -25,7 +25,6 @@ from ._zygote import CONTROLLER_NAME, ENV_PID, ENV_SOCKET, NANNY_NAME, environme
 
 log = logging.getLogger("phalanx")
 
-_MAX_SOCKET_PATH = 100  # a Unix socket's path has room for 107 bytes on Linux
 STOP_GRACE_S = 5.0
 IDLE_VARIABLE = "PHALANX_FORK_SERVER_IDLE_S"
 # A stopped cluster's fork server waits this long for the kernel's next cluster: a stop and start
@@ -64,14 +63,11 @@ class ZygoteHandle:
     def start(cls, idle_s: float | None = None) -> "ZygoteHandle | None":
         """Start a zygote that ends after ``idle_s`` seconds without engines (``None``: only
         with the kernel or :meth:`close`); ``None`` (engines then start as separate processes)
-        where the platform has no ``fork``/pidfd or the socket's path would be too long."""
+        where the platform has no ``fork``/pidfd."""
         if not hasattr(os, "fork") or not hasattr(os, "pidfd_open"):
             return None
         scratch = ScratchDir("zygote")
-        path = os.path.join(scratch.path, "zygote.sock")
-        if len(path.encode()) > _MAX_SOCKET_PATH:
-            scratch.remove()
-            return None
+        path = os.path.join(scratch.path, "zygote.sock")  # any length (unix_address)
         script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_zygote.py")
         env = {**os.environ, **parent_env()}
         command = [sys.executable, script, path, *([repr(float(idle_s))] if idle_s else [])]

@@ -20,6 +20,8 @@ import signal
 import socket
 from typing import Any
 
+from ._zygote_proxy import unix_address
+
 REPLY_MAX = 65536
 
 
@@ -79,7 +81,8 @@ def _request(zygote_path: str, fds: list[int]) -> int | None:
     request = {"kind": "nanny", "env": dict(os.environ), "cwd": os.getcwd()}
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as conn:
-            conn.connect(zygote_path)
+            with unix_address(zygote_path) as address:
+                conn.connect(address)
             socket.send_fds(conn, [json.dumps(request).encode()], fds)
             reply = json.loads(conn.recv(REPLY_MAX) or b"{}")
     except (OSError, ValueError):

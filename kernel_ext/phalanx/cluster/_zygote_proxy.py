@@ -14,17 +14,22 @@ be importable.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import socket
 import sys
 import time
+from collections.abc import Iterator
 
 ENV_SOCKET = "PHALANX_ZYGOTE"       # the same names as in ._zygote (not imported: see above)
 ENV_PID = "PHALANX_ZYGOTE_PID"
 READY_WAIT_S = 120.0                # the zygote imports torch first: seconds on a busy machine
 POLL_S = 0.02
+# A Unix socket's address holds 107 bytes on Linux; a longer path (a deep TMPDIR) is reached
+# through the socket's directory opened as a file descriptor (see unix_address).
+MAX_ADDRESS = 107
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
              signal.SIGUSR2, signal.SIGCONT)
 
@@ -87,7 +92,8 @@ def _connect(path: str | None, zygote_pid: str | None) -> socket.socket | None:
     while True:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            conn.connect(path)
+            with unix_address(path) as address:
+                conn.connect(address)
             return conn
         except OSError:
             conn.close()
@@ -98,6 +104,25 @@ def _connect(path: str | None, zygote_pid: str | None) -> socket.socket | None:
             _say(f"the zygote was not ready within {READY_WAIT_S:.0f} s; starting the engine here")
             return None
         time.sleep(POLL_S)
+
+
+@contextlib.contextmanager
+def unix_address(path: str) -> Iterator[str]:
+    """An address for binding or connecting to the Unix socket at ``path``, however long.
+
+    A path longer than an address holds is reached as ``/proc/self/fd/N/NAME``, N being its
+    directory opened for the time of the call (the kernel resolves that link to the directory
+    itself), so the fork server also works where TMPDIR is deep, instead of every engine then
+    importing torch on its own.
+    """
+    if len(os.fsencode(path)) <= MAX_ADDRESS:
+        yield path
+        return
+    folder = os.open(os.path.dirname(path) or ".", os.O_PATH | os.O_DIRECTORY)
+    try:
+        yield f"/proc/self/fd/{folder}/{os.path.basename(path)}"
+    finally:
+        os.close(folder)
 
 
 def _wait_gone(pid: int) -> None:
