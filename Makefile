@@ -24,6 +24,9 @@ unexport PYTHONDONTWRITEBYTECODE
 LAB_SOURCES := labextension/package.json labextension/yarn.lock \
                $(shell find labextension/src labextension/style -type f 2>/dev/null)
 
+# The environment gets its pip from the one that made it (pip --python; 2 s) rather than from
+# ensurepip, which unpacks and compiles a bundled pip (8 s) only for the next line to upgrade it;
+# ensurepip stays the way where the outer Python has no pip new enough for --python.
 # torch first, pinned: the CPU build then satisfies the package's own range and pip does not
 # fetch several GB of CUDA wheels.  Each step of the set-up keeps one core busy, so two run at a
 # time: the panel (node) builds while pip installs torch, and torch's bytecode is compiled while
@@ -45,7 +48,9 @@ beside = { $(2); } > $(VENV)/$(1).log 2>&1 & pid=$$!; $(3); other=$$?; wait $$pi
          if [ $$own -ne 0 ]; then cat $(VENV)/$(1).log; echo "set-up: $(1) failed (above)"; fi; \
          test $$own -eq 0 -a $$other -eq 0
 $(STAMP): pyproject.toml $(LAB_SOURCES)
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	test -x $(PY) || $(PYTHON) -m venv --without-pip $(VENV)
+	$(PIP) --version >/dev/null 2>&1 || $(PYTHON) -m pip --python $(PY) install -q --no-compile pip \
+	  >/dev/null 2>&1 || $(PY) -m ensurepip -q
 	$(PIP) install -q --upgrade pip "jupyter_builder>=1.3,<2"
 	$(if $(filter labextension/%,$?),rm -rf kernel_ext/phalanx/labextension)
 	$(call beside,panel-build,test -f $(PANEL_BUILT) || { $(BUILD_PANEL); },\
