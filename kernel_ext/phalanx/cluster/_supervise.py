@@ -35,7 +35,8 @@ ENTRY_POINTS = ("ipyparallel.controller", "ipyparallel.engine")
 def parent_env() -> dict[str, str]:
     """What a supervised child needs to know about this (the kernel's) process."""
     pid = os.getpid()
-    return {PARENT_PID: str(pid), PARENT_START: str(_start_ticks(pid))}
+    started = _start_ticks(pid)
+    return {PARENT_PID: str(pid), **({PARENT_START: str(started)} if started is not None else {})}
 
 
 def _start_ticks(pid: int) -> int | None:
@@ -52,6 +53,13 @@ def _start_ticks(pid: int) -> int | None:
 
 def parent_alive(pid: int, started: int | None) -> bool:
     """Whether ``pid`` still runs and is the process that started us (not a reused pid)."""
+    if not os.path.isdir("/proc/self"):  # no procfs (macOS): psutil, without the start check
+        import psutil
+
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
     ticks = _start_ticks(pid)
     return ticks is not None and (started is None or ticks == started)
 
@@ -83,7 +91,9 @@ def _watch(pid: int, started: int | None) -> None:
         parent = None
     if parent is not None:
         if parent_alive(pid, started):  # checked after opening: the fd is our parent's
-            select.select([parent], [], [])  # readable once it has exited
+            waiter = select.poll()
+            waiter.register(parent, select.POLLIN)
+            waiter.poll()  # readable once it has exited
         os.close(parent)
         return
     while parent_alive(pid, started):
