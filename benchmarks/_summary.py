@@ -62,6 +62,11 @@ def _throughput(d: dict) -> list[dict]:
         rows.append(_row("throughput", "2 workers: that DDP loop in the engines vs under torchrun "
                          "(the engine process's own cost)", r["engine_ddp_2_vs_torchrun_ddp"],
                          "reported", None, f"baseline {sps['torchrun_ddp_2']['median']:.0f} samples/s"))
+    if "big_overlapped_vs_one_bucket" in r:
+        rows.append(_row("throughput", "2 workers zero-change, 33 MB model: 25 MB buckets averaged "
+                         "while backward runs vs one bucket when it ends",
+                         r["big_overlapped_vs_one_bucket"], "reported", None,
+                         f"baseline {sps['big_one_bucket']['median']:.0f} samples/s"))
     rows.append(_row("throughput", "scaling efficiency, 2 workers allreduce",
                      r["scaling_efficiency_allreduce"], "reported", None,
                      f"torchrun+DDP: {r['scaling_efficiency_torchrun']:.2f}"))

@@ -142,6 +142,9 @@ class PhalanxMagics(Magics):
     @argument("--profile", nargs="?", type=int, const=5, default=None, metavar="STEPS",
               help="record STEPS optimizer steps (default 5) on every rank with torch.profiler "
                    "into one trace file next to the notebook")
+    @argument("--bucket-mb", type=float, default=25.0, metavar="MB",
+              help="gradient bucket size: averaging of a full bucket starts while backward "
+                   "still runs (default 25, as DDP's bucket_cap_mb)")
     @argument("--background", action="store_true",
               help="return at once with a run handle (run.wait(), run.stop(), run.status)")
     @line_cell_magic
@@ -159,7 +162,8 @@ class PhalanxMagics(Magics):
                                     checkpoint_every=args.checkpoint_every,
                                     checkpoint_dir=args.checkpoint_dir, resume=args.resume,
                                     max_restarts=args.max_restarts, uneven=args.uneven,
-                                    keep_history=args.keep_history, profile=args.profile)
+                                    keep_history=args.keep_history, profile=args.profile,
+                                    bucket_mb=args.bucket_mb)
             if args.background:
                 from ._background import report_end, run_in_background
 

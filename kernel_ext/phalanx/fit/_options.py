@@ -58,6 +58,7 @@ class FitOptions:
     keep_history: str | None = None
     uneven: str = "join"
     profile: int | None = None       # --profile STEPS: record that many optimizer steps per rank
+    bucket_mb: float = 25.0          # --bucket-mb: gradient bucket size (DDP's bucket_cap_mb)
     extra: dict = field(default_factory=dict)
 
     @classmethod
@@ -67,7 +68,8 @@ class FitOptions:
               collective_timeout: Any = 60.0, name: str | None = None,
               widget: bool = True, checkpoint_every: Any = None, checkpoint_dir: str | None = None,
               resume: bool = False, max_restarts: Any = 0, uneven: str = "join",
-              keep_history: str | None = None, profile: Any = None) -> "FitOptions":
+              keep_history: str | None = None, profile: Any = None,
+              bucket_mb: Any = 25.0) -> "FitOptions":
         """Check every flag and return the options, or raise :class:`FitUsageError`."""
         # A plain name may be a notebook class: the runner checks it against the notebook.
         if sync not in STRATEGIES and not (_IDENT.match(sync or "") or _DOTTED.match(sync or "")):
@@ -91,6 +93,9 @@ class FitOptions:
         _check_recovery(checkpoint_every, checkpoint_dir, resume, max_restarts)
         if profile is not None:
             _positive_int(profile, "--profile")
+        if not float(bucket_mb) > 0:
+            raise FitUsageError(f"--bucket-mb must be a positive size in megabytes, got {bucket_mb} "
+                                "(25, as in DDP, suits most models)")
         shard_names, return_names = _names(shard, "--shard"), _names(returns, "--return")
         return cls(n=None if n is None else int(n), sync=sync, every=int(every), alpha=float(alpha),
                    backend=backend, shard=shard_names, returns=return_names,
@@ -102,7 +107,7 @@ class FitOptions:
                    checkpoint_dir=checkpoint_dir or None, resume=bool(resume),
                    max_restarts=int(max_restarts), uneven=uneven,
                    keep_history=_keep_dir(keep_history),
-                   profile=None if profile is None else int(profile))
+                   profile=None if profile is None else int(profile), bucket_mb=float(bucket_mb))
 
     @property
     def checkpointed(self) -> bool:

@@ -248,7 +248,8 @@ class FitRunner:
                         sync_from_notebook=prepared.strategy is not None, every=opts.every,
                         alpha=opts.alpha, seed=opts.seed, returns=tuple(opts.returns),
                         checkpoint=checkpoint, uneven=opts.uneven, shard=tuple(opts.shard),
-                        memory_interval_s=self.memory_interval_s, profile=opts.profile)
+                        memory_interval_s=self.memory_interval_s, profile=opts.profile,
+                        bucket_bytes=max(1, int(opts.bucket_mb * 2**20)))
                 for r in range(len(slots))]
 
     def _stash(self, slots: list, prepared: Prepared) -> None:

@@ -1,17 +1,22 @@
 """Gradients averaged when ``backward()`` completes: DistributedDataParallel's contract, no wrapper.
 
-Each tracked parameter gets a post-accumulate-grad hook; the first one that fires in a backward
-pass queues a callback on torch's autograd engine, which runs once the whole pass is done and
-before ``backward()`` returns.  The callback
+Each tracked parameter gets a post-accumulate-grad hook.  In a backward pass:
 
-1. runs the uneven-inputs control round (:mod:`._join`), which also tells every rank which
-   parameters got a gradient on *some* rank in this pass;
-2. copies every gradient (zeros where a parameter got none here) into flat buckets of one dtype
-   and about 25 MB, and hands each strategy its buckets (``strategy.average_gradients``), so a
-   model costs one collective per bucket, not one per parameter;
-3. copies the averages back into ``.grad`` and leaves ``.grad`` at ``None`` where no rank
+1. the first hook that fires runs the uneven-inputs control round (:mod:`._join`: are all ranks
+   still training, and about to average gradients?) and queues a callback on torch's autograd
+   engine, which runs once the whole pass is done and before ``backward()`` returns;
+2. each hook copies its parameter's gradient into its flat bucket (:mod:`._grad_buckets`: one
+   dtype, about 25 MB, last layer first).  When a bucket is full it is handed to the gradient
+   thread (:mod:`._overlap`), which averages it while the backward pass goes on computing the
+   earlier layers, as DDP's reducer does.  Buckets are handed over strictly in order, so every
+   rank makes the same collectives in the same order even where their passes differ;
+3. the callback waits for the handed-over buckets, averages the rest (the last bucket, and
+   buckets holding a parameter that got no gradient in this pass) on the training thread, and
+   agrees with the other ranks on which parameters got a gradient on *some* rank (one small
+   allreduce);
+4. it copies the averages back into ``.grad`` and leaves ``.grad`` at ``None`` where no rank
    produced a gradient (as one process would, so optimizers skip those parameters);
-4. gives every rank rank 0's buffers (BatchNorm running statistics) of the modules that ran
+5. it gives every rank rank 0's buffers (BatchNorm running statistics) of the modules that ran
    forward in training mode, as DDP does by default (DDP copies them before each forward; here
    they are copied after each backward, so rank 0's statistics - the ones ``--return`` brings
    back - are the same either way).
@@ -21,6 +26,11 @@ inf check, logging - therefore sees the same gradients on every rank, the ones o
 with the full batch.  Gradient accumulation stays exact: ``.grad`` already holds the average of
 earlier passes (the same on every rank), so averaging the sum again adds the new average.
 :func:`no_sync` skips the communication of micro-steps, as DDP's ``no_sync`` does.
+
+Buckets are handed over early only where the strategy averages each bucket on its own
+(``SyncStrategy.buckets_independent``, true for ``allreduce``) and only for CPU tensors: on CUDA
+the gradient thread would need the stream ordering DDP's reducer keeps, so CUDA buckets are
+averaged at the end of the pass (``wrap()`` gives DDP's overlap there).
 
 Example (inside ``%%distributed_fit``)::
 
@@ -32,11 +42,26 @@ Example (inside ``%%distributed_fit``)::
 from __future__ import annotations
 
 import contextlib
+import functools
+import time
+from dataclasses import dataclass
 from typing import Any, Iterator
 
-from ._join import KIND_GRADIENTS, JoinControl, RoundInfo
+import numpy as np
 
-BUCKET_BYTES = 25 * 2**20
+from ._grad_buckets import Bucket, BucketLayout
+from ._join import KIND_GRADIENTS, JoinControl, RoundInfo
+from ._overlap import CommThread
+
+
+@dataclass
+class _Pass:
+    """One backward pass whose gradients are being averaged."""
+
+    info: RoundInfo | None    # its control round
+    layout: BucketLayout
+    overlap: bool             # buckets may be handed to the gradient thread as they fill
+    launched: int = 0         # buckets handed over so far (always a prefix of the layout)
 
 
 class GradientSync:
@@ -47,10 +72,12 @@ class GradientSync:
         self._groups: list[tuple[Any, Any]] = []  # (strategy, optimizer), in attach order
         self._hooks: dict[int, Any] = {}           # id(param) -> hook handle
         self._suppressed: dict[int, int] = {}      # id(param) -> open no_sync contexts
-        self._queued_for: int | None = None  # the autograd graph task our callback waits on
+        self._layout: BucketLayout | None = None   # kept between passes
+        self._layout_key: list = []
+        self._pass: _Pass | None = None
+        self._comm = CommThread()
         self._modules: list = []                   # modules with buffers, in first-forward order
         self._module_ids: set[int] = set()
-        join.param_count = lambda: len(self._layout_params())
         self._clock = getattr(run.metrics, "clock", None)  # a StepClock, where the run has one
 
     def track(self, optimizer: Any, strategy: Any) -> None:
@@ -60,15 +87,17 @@ class GradientSync:
 
     def refresh(self) -> None:
         """Hook parameters added since (``add_param_group``, ``requires_grad`` turned on)."""
-        for p in self._layout_params():
-            if id(p) not in self._hooks:
-                self._hooks[id(p)] = p.register_post_accumulate_grad_hook(self._on_grad)
+        for _strategy, params in self._param_groups():
+            for p in params:
+                if id(p) not in self._hooks:
+                    self._hooks[id(p)] = p.register_post_accumulate_grad_hook(self._on_grad)
 
     def remove(self) -> None:
         for handle in self._hooks.values():
             handle.remove()
         self._hooks.clear()
         self._modules.clear()
+        self._comm.close()
 
     def on_forward(self, module: Any, args: Any) -> None:
         """Global forward pre-hook: remember training modules that hold buffers."""
@@ -102,69 +131,153 @@ class GradientSync:
                 if not self._suppressed[k]:
                     del self._suppressed[k]
 
+    def check_closed(self) -> None:
+        """Called before an optimizer step: a pass still open means its ``backward()`` raised
+        after averaging began, and the ranks can no longer agree on the next collectives."""
+        if self._pass is not None:
+            self._pass = None
+            raise RuntimeError(_ABANDONED)
+
     # -- the backward pass -----------------------------------------------------------------------
 
     def _on_grad(self, param: Any) -> None:
-        import torch
+        key = id(param)
+        if key in self._suppressed:
+            return  # no_sync: its bucket is filled with zeros at the end and it keeps its .grad
+        current = self._pass
+        if current is None:
+            current = self._begin(key)
+            if current is None:
+                return
+        where = current.layout.where.get(key)
+        if where is None:
+            return
+        bucket = current.layout.buckets[where[0]]
+        if bucket.filled[where[1]]:  # a second gradient for it: an earlier pass never ended
+            self._pass = None
+            raise RuntimeError(_ABANDONED)
+        bucket.fill(where[1], self._suppressed)
+        if current.overlap and bucket.full:
+            self._hand_over(current)
+
+    def _begin(self, key: int) -> _Pass | None:
+        """The first gradient of a pass: control round, layout, end-of-pass callback."""
         from torch.autograd import Variable
 
-        # Keyed by graph task, not a flag: a backward pass that raised never runs its callbacks.
-        task = torch._C._current_graph_task_id()
-        if self._queued_for == task or id(param) in self._suppressed:
-            return
-        self._queued_for = task
+        layout = self._current_layout()
+        if key not in layout.where:
+            return None  # not a parameter we average (it left the optimizer, or DDP has it)
         if self._clock is not None:
             self._clock.mark("backward_s")  # the step clock: backward starts about now
+        info = self.join.round(KIND_GRADIENTS, self.run.steps, self.run.steps)
+        layout.reset()
+        overlap = all(getattr(s, "buckets_independent", False) for s, _ in self._groups) and \
+            all(b.flat.device.type == "cpu" for b in layout.buckets)
+        self._pass = _Pass(info, layout, overlap)
         Variable._execution_engine.queue_callback(self._end_of_backward)
+        return self._pass
+
+    def _hand_over(self, current: _Pass) -> None:
+        """Give the gradient thread every full bucket next in order; the last one stays for the
+        end of the pass, where it is averaged on this thread (no hand-over for a one-bucket model)."""
+        buckets = current.layout.buckets
+        while current.launched < len(buckets) - 1 and buckets[current.launched].full:
+            bucket = buckets[current.launched]
+            self._comm.submit(functools.partial(self._reduce, [bucket]))
+            current.launched += 1
 
     def _end_of_backward(self) -> None:
+        current, self._pass = self._pass, None
         try:
-            self._average(shadow=False)
+            if current is not None:
+                self._finish(current)
         finally:
-            self._queued_for = None
             if self._clock is not None:
                 self._clock.mark("other_s")  # between backward and the optimizer step
 
-    def shadow(self) -> None:
-        """A finished rank's part in another rank's gradient round: zeros, results dropped."""
-        self._average(shadow=True)
+    def _finish(self, current: _Pass) -> None:
+        began = time.perf_counter()
+        self._comm.wait()
+        if self._clock is not None:  # only the part of the averaging backward did not hide
+            self._clock.cut("collective_s", began, time.perf_counter())
+        layout, suppressed = current.layout, self._suppressed
+        rest = layout.buckets[current.launched:]
+        for bucket in rest:
+            bucket.fill_rest(suppressed)
+        self._reduce_all(rest)
+        used = self._agree_on_used(layout.params, shadow=False)
+        keep = set(suppressed) | {id(p) for p, u in zip(layout.params, used) if not u}
+        scale = _join_scale(current.info, self.join.world_size)
+        for bucket in layout.buckets:  # a parameter no rank has a gradient for stays at None,
+            bucket.write_back(scale, keep)  # as in one process (optimizers then skip it)
+        self._broadcast_buffers()
 
-    def _average(self, shadow: bool) -> None:
-        run = self.run
-        params = self._layout_params()
-        had_grad = [p.grad is not None and id(p) not in self._suppressed for p in params]
-        if shadow:
-            info = None
-        else:
-            info = self.join.round(KIND_GRADIENTS, run.steps, run.steps, had_grad)
-        scale = _join_scale(info, self.join.world_size)
-        active = {id(p) for p in params if id(p) not in self._suppressed}
-        for strategy, optimizer in self._groups:
-            mine = [p for p in _strategy_params(optimizer, self.run) if id(p) in active]
-            buckets = [_Bucket(b, zeros=shadow) for b in _bucketed(mine)]
-            if buckets:
-                strategy.average_gradients([b.flat for b in buckets], run.steps)
-            if not shadow:
-                for b in buckets:
-                    b.write_back(scale)
-        if info is not None:
-            for p, used in zip(params, info.used):
-                if not used and id(p) in active:
-                    p.grad = None  # no rank produced one: keep it absent, as one process would
+    def shadow(self) -> None:
+        """A finished rank's part in another rank's gradient round: the same collectives, with
+        zeros, results dropped."""
+        layout = self._current_layout()
+        for bucket in layout.buckets:
+            bucket.zero()
+        self._reduce_all(layout.buckets)
+        self._agree_on_used(layout.params, shadow=True)
+        self._broadcast_buffers()
+
+    def _reduce(self, buckets: list[Bucket]) -> None:
+        strategy = self._groups[buckets[0].owner][0]
+        strategy.average_gradients([b.flat for b in buckets], self.run.steps)
+
+    def _reduce_all(self, buckets: list[Bucket]) -> None:
+        """Average ``buckets`` on this thread: one call per bucket where the strategy takes them
+        one by one (as the gradient thread does), else one call per strategy with all of its."""
+        if all(getattr(s, "buckets_independent", False) for s, _ in self._groups):
+            for bucket in buckets:
+                self._reduce([bucket])
+            return
+        for owner in range(len(self._groups)):
+            mine = [b for b in buckets if b.owner == owner]
+            if mine:
+                self._reduce(mine)
+
+    def _agree_on_used(self, params: list, shadow: bool) -> np.ndarray:
+        """Per parameter: whether any rank has a gradient for it (an int allreduce)."""
+        flags = np.zeros(len(params), dtype=np.int32)
+        if not shadow:
+            for i, p in enumerate(params):
+                flags[i] = p.grad is not None and id(p) not in self._suppressed
+        self.run.collectives.allreduce([flags], op="sum")
+        return flags > 0
+
+    def _broadcast_buffers(self) -> None:
         buffers = [b for m in self._modules for b in m.buffers(recurse=False) if b is not None]
         if buffers and self.join.world_size > 1:
             self.run.collectives.broadcast(buffers, src=0)
 
-    def _layout_params(self) -> list:
-        """Every parameter whose gradient is synchronised, in the same order on every rank."""
+    def _param_groups(self) -> list[tuple[Any, list]]:
+        """Each strategy's parameters (a parameter in two optimizers counts for the first)."""
         seen: set[int] = set()
-        out = []
-        for _strategy, optimizer in self._groups:
+        groups = []
+        for strategy, optimizer in self._groups:
+            params = []
             for p in _strategy_params(optimizer, self.run):
                 if id(p) not in seen:
                     seen.add(id(p))
-                    out.append(p)
-        return out
+                    params.append(p)
+            groups.append((strategy, params))
+        return groups
+
+    def _current_layout(self) -> BucketLayout:
+        """The bucket layout of the parameters as they are now (rebuilt when they changed)."""
+        groups = self._param_groups()
+        key = [(id(p), p.dtype, p.device, p.numel()) for _s, params in groups for p in params]
+        if self._layout is None or key != self._layout_key:
+            self._layout = BucketLayout(groups, self.run.bucket_bytes)
+            self._layout_key = key
+        return self._layout
+
+
+_ABANDONED = ("a backward() pass raised after phalanx had begun averaging its gradients, and the "
+              "loop went on: the ranks can no longer agree on their collectives. Let the error "
+              "end the cell (or raise it before backward()), then run the cell again.")
 
 
 def _strategy_params(optimizer: Any, run: Any) -> list:
@@ -178,56 +291,3 @@ def _join_scale(info: RoundInfo | None, world_size: int) -> float | None:
     if info is None or not info.uneven:
         return None
     return world_size / info.training
-
-
-def _bucketed(params: list) -> list[list]:
-    """Consecutive parameters of one (dtype, device), at most ``BUCKET_BYTES`` per bucket."""
-    buckets: list[list] = []
-    size = 0
-    for p in params:
-        nbytes = p.numel() * p.element_size()
-        last = buckets[-1] if buckets else None
-        if last is None or (last[0].dtype, last[0].device) != (p.dtype, p.device) \
-                or size + nbytes > BUCKET_BYTES:
-            buckets.append([p])
-            size = nbytes
-        else:
-            last.append(p)
-            size += nbytes
-    return buckets
-
-
-class _Bucket:
-    """Gradients of some parameters, flattened into one tensor and written back after."""
-
-    def __init__(self, params: list, zeros: bool) -> None:
-        import torch
-
-        self.params = params
-        first = params[0]
-        self.flat = torch.zeros(sum(p.numel() for p in params), dtype=first.dtype,
-                                device=first.device)
-        if zeros:
-            return
-        at = 0
-        for p in params:
-            n = p.numel()
-            if p.grad is not None:
-                if p.grad.is_sparse:
-                    raise TypeError(f"sparse gradients (a parameter of shape {tuple(p.shape)}) are "
-                                    "not averaged by zero-change mode: use wrap(model) (DDP)")
-                self.flat[at:at + n].copy_(p.grad.reshape(-1))
-            at += n
-
-    def write_back(self, scale: float | None) -> None:
-        if scale is not None:
-            self.flat.mul_(scale)
-        at = 0
-        for p in self.params:
-            n = p.numel()
-            value = self.flat[at:at + n].view(p.shape)
-            if p.grad is None:
-                p.grad = value.clone()
-            else:
-                p.grad.copy_(value)
-            at += n

@@ -109,6 +109,7 @@ class StepHooks:
         strategy = self.run.strategies[id(optimizer)]
         if self._skipped(strategy):
             return
+        self.grads.check_closed()
         self.grads.refresh()  # add_param_group, requires_grad switched on
         strategy.before_step(_optimizer_params(optimizer), self.run.steps)
 

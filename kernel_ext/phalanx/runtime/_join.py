@@ -3,8 +3,7 @@
 Every synchronisation point of zero-change mode (the end of a backward pass, a strategy's
 ``after_step`` that communicates) starts with one small *control round*: an int64 allreduce in
 which each rank says whether it is still training, how many optimizer steps it took, how many
-rows its shard has, what kind of synchronisation it is about to do, and which parameters got a
-gradient in this backward pass.
+rows its shard has, and what kind of synchronisation it is about to do.
 
 A rank whose cell body has returned calls :meth:`JoinControl.serve`: it keeps answering control
 rounds as "joined" and shadows the synchronisation each round announces (zero gradients, or the
@@ -39,7 +38,7 @@ Example (threads as ranks: rank 1 has one step less)::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import numpy as np
 
@@ -64,7 +63,6 @@ class RoundInfo:
     step: int                    # their optimizer step
     steps: list[int]             # optimizer steps taken, per rank
     rows: list[int]              # shard rows per rank (-1: no --shard)
-    used: np.ndarray             # per tracked parameter: got a gradient on some rank
 
     @property
     def uneven(self) -> bool:
@@ -80,12 +78,10 @@ class JoinControl:
         self.comm, self.mode = comm, mode
         self.rank, self.world_size = comm.rank, comm.world_size
         self.rows = -1 if rows is None else int(rows)
-        self.param_count = lambda: 0  # set by the gradient sync: length of the ``used`` mask
 
-    def round(self, kind: int, step: int, steps_done: int,
-              used: Sequence[bool] | None = None) -> RoundInfo:
+    def round(self, kind: int, step: int, steps_done: int) -> RoundInfo:
         """A training rank's control round before a synchronisation of ``kind``."""
-        info = self._exchange(True, kind, step, steps_done, used)
+        info = self._exchange(True, kind, step, steps_done)
         if info.kind != kind:
             raise RuntimeError(f"rank {self.rank} is about to {_what(kind)} at step {step} but "
                                f"the other training ranks are not: they run different code paths")
@@ -96,7 +92,7 @@ class JoinControl:
     def serve(self, steps_done: int, shadow: Callable[[int, int], None]) -> RoundInfo:
         """A finished rank answers rounds, calling ``shadow(kind, step)``, until all finished."""
         while True:
-            info = self._exchange(False, 0, 0, steps_done, None)
+            info = self._exchange(False, 0, 0, steps_done)
             if info.training == 0:
                 return info
             if self.mode == "error":
@@ -117,16 +113,11 @@ class JoinControl:
 
     # -- internals -------------------------------------------------------------------------------
 
-    def _exchange(self, training: bool, kind: int, step: int, steps_done: int,
-                  used: Sequence[bool] | None) -> RoundInfo:
-        n, count = self.world_size, self.param_count()
-        vec = np.zeros(_SLOT * n + 2 + count, dtype=np.int64)
+    def _exchange(self, training: bool, kind: int, step: int, steps_done: int) -> RoundInfo:
+        n = self.world_size
+        vec = np.zeros(_SLOT * n + 2, dtype=np.int64)
         vec[_SLOT * self.rank:_SLOT * (self.rank + 1)] = (int(training), steps_done, self.rows + 1)
         vec[_SLOT * n:_SLOT * n + 2] = (kind, step) if training else (0, 0)
-        if used is not None:
-            if len(used) != count:
-                raise RuntimeError(f"gradient mask of {len(used)} parameters, expected {count}")
-            vec[_SLOT * n + 2:] = np.asarray(used, dtype=np.int64)
         if n > 1:
             self.comm.allreduce([vec], op="sum")
         slots = vec[:_SLOT * n].reshape(n, _SLOT)
@@ -138,8 +129,7 @@ class JoinControl:
         return RoundInfo(training=training_ranks, active=[bool(a) for a in slots[:, 0]],
                          kind=kind_sum // training_ranks if training_ranks else 0,
                          step=step_sum // training_ranks if training_ranks else 0,
-                         steps=[int(s) for s in slots[:, 1]], rows=[int(r) - 1 for r in slots[:, 2]],
-                         used=vec[_SLOT * n + 2:] > 0)
+                         steps=[int(s) for s in slots[:, 1]], rows=[int(r) - 1 for r in slots[:, 2]])
 
 
 def _what(kind: int) -> str:

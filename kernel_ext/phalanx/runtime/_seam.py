@@ -75,6 +75,7 @@ class RunSpec:
     checkpoint: CheckpointSpec | None = None
     memory_interval_s: float = 1.0     # memory samples this often (0: off)
     profile: int | None = None         # record this many optimizer steps (``--profile``)
+    bucket_bytes: int = 25 * 2**20     # gradient bucket size (``--bucket-mb``)
 
 
 class Outcome(enum.Enum):

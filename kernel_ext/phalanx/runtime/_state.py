@@ -44,6 +44,7 @@ class RunContext:
     checkpoints: Any = None             # Checkpointer with --checkpoint-every / --resume
     join: Any = None                    # JoinControl: uneven inputs (see _join)
     grad_sync: Any = None               # GradientSync: averaging at the end of backward
+    bucket_bytes: int = 25 * 2**20      # gradient bucket size (--bucket-mb)
 
 
 class EngineState:

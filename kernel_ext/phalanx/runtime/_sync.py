@@ -10,8 +10,8 @@ The runtime calls the hooks around the user's own loop::
         strategy.after_step(params, step)   # parameter averaging / elastic updates
     strategy.finish(params)                 # ranks agree on the final model where one is implied
 
-Gradients are averaged at the end of ``backward()`` (DistributedDataParallel's contract), so
-whatever the loop does between backward and step (clipping, ``GradScaler.unscale_``, logging)
+Gradients are averaged by the time ``backward()`` returns (DistributedDataParallel's contract),
+so whatever the loop does between backward and step (clipping, ``GradScaler.unscale_``, logging)
 sees the gradients one process would see with the full batch.
 
 ``step`` is the 0-based index of the optimizer step, the same for both hooks of one step;
@@ -71,9 +71,13 @@ class SyncStrategy:
     - ``finish(params)``: once, after the cell's last line.
 
     ``step`` is the 0-based index of the optimizer step being taken (micro-steps of gradient
-    accumulation share it).  Class attributes: ``name`` (for messages) and
+    accumulation share it).  Class attributes: ``name`` (for messages),
     ``identity_on_one_rank`` - set it to True when every hook changes nothing with a single
-    rank, so a one-worker run skips the hooks and costs what a plain loop costs.
+    rank, so a one-worker run skips the hooks and costs what a plain loop costs - and
+    ``buckets_independent`` - set it to True when ``average_gradients`` treats each bucket on
+    its own (as an allreduce does): the runtime then hands it each bucket as soon as the backward
+    pass has filled it, from a communication thread, so the averaging overlaps the rest of the
+    pass (one call per bucket, in the same order on every rank).
 
     Example::
 
@@ -94,6 +98,9 @@ class SyncStrategy:
     name = "base"
     #: True when every hook is the identity with one rank: a one-rank run may skip them.
     identity_on_one_rank = False
+    #: True when ``average_gradients`` may get one bucket per call, from another thread, while
+    #: the backward pass still runs (see the class docstring).
+    buckets_independent = False
 
     @property
     def averages_gradients(self) -> bool:
@@ -156,6 +163,7 @@ class AllreduceSync(SyncStrategy):
 
     name = "allreduce"
     identity_on_one_rank = True
+    buckets_independent = True  # a mean per bucket: averaged as the backward pass fills them
 
     def average_gradients(self, grads: list[Any], step: int) -> None:
         if grads:

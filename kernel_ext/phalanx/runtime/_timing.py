@@ -15,7 +15,9 @@ Measured here, at points the runtime already passes through:
   itself, so it has gradient hooks: elsewhere backward stays in *data & forward*); the end of
   backward (after averaging) starts *other* (clipping, unscaling...); the optimizer's pre-step
   hook starts *optimizer*; a collective or a ``log()`` call is cut out of whatever part it
-  interrupts.  Each step's time is therefore split into parts that add up to it exactly.  The
+  interrupts.  Collectives of the gradient thread, which run beside backward, are recorded but
+  cut out of nothing: what the training thread waits for them at the end of backward is its
+  collective time (the averaging backward did not hide).  Each step's time is therefore split into parts that add up to it exactly.  The
   first step starts when the first optimizer is attached.  On GPUs the figures are host-side
   (no synchronisation is added): kernel time shows where the host waits for the device.
 
@@ -46,6 +48,21 @@ from typing import Iterator
 PARTS = ("forward_s", "backward_s", "collective_s", "optimizer_s", "log_s", "other_s")
 
 _now = time.perf_counter
+
+# Set in a thread whose collectives run beside the training thread (the gradient thread of
+# ``_overlap``): its calls are recorded but not cut out of the step's parts, which belong to the
+# training thread; the training thread's wait for them is what the step's "collective" shows.
+_thread_kind = threading.local()
+
+
+@contextlib.contextmanager
+def overlapped_calls() -> Iterator[None]:
+    """Collectives made inside run beside the training thread (see ``_thread_kind``)."""
+    _thread_kind.overlapped = True
+    try:
+        yield
+    finally:
+        _thread_kind.overlapped = False
 
 
 class StepClock:
@@ -106,7 +123,8 @@ class StepClock:
             yield
         finally:
             ended = _now()
-            self.cut("collective_s", began, ended)
+            if not getattr(_thread_kind, "overlapped", False):
+                self.cut("collective_s", began, ended)
             with self._lock:
                 self._calls.append([self._seq, start, ended - began])
                 self._seq += 1
