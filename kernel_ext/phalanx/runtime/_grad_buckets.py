@@ -114,6 +114,12 @@ class BucketLayout:
         for bucket in self.buckets:
             bucket.reset()
 
+    def moved(self) -> bool:
+        """Whether the parameters changed dtype or device since (``model.half()``, ``.to()``:
+        all of a module's parameters move together, so each bucket's first one tells)."""
+        return any((b.params[0].dtype, b.params[0].device) != (b.flat.dtype, b.flat.device)
+                   for b in self.buckets)
+
 
 def _chunks(params: list, limit: int) -> list[list]:
     """Consecutive parameters of one (dtype, device), at most ``limit`` bytes per chunk."""

@@ -268,8 +268,8 @@ class GradientSync:
     def _current_layout(self) -> BucketLayout:
         """The bucket layout of the parameters as they are now (rebuilt when they changed)."""
         groups = self._param_groups()
-        key = [(id(p), p.dtype, p.device, p.numel()) for _s, params in groups for p in params]
-        if self._layout is None or key != self._layout_key:
+        key = [id(p) for _s, params in groups for p in params]
+        if self._layout is None or key != self._layout_key or self._layout.moved():
             self._layout = BucketLayout(groups, self.run.bucket_bytes)
             self._layout_key = key
         return self._layout
