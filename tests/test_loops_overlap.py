@@ -1,9 +1,9 @@
 """Gradient averaging that overlaps the backward pass, on 2 CPU ranks of a real cluster.
 
-With ``--bucket-mb`` tiny every parameter has a bucket of its own, so buckets are handed to the
-gradient thread while backward still runs: the loops of ``test_loops`` must give the same
-parameters as one process on the full data, and the averaging must really start before the
-backward pass has finished.
+With ``--bucket-mb`` tiny every parameter has a bucket of its own, and ``--overlap on`` hands
+them to the gradient thread while backward still runs (on one host ``auto`` does not): the loops
+of ``test_loops`` must give the same parameters as one process on the full data, and the
+averaging must really start before the backward pass has finished.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from test_loops import (BRANCHES, CLIPPED, GAN, SETUP, UNEVEN, UNEVEN_SETUP, _fi
 
 pytestmark = pytest.mark.cluster
 
-TINY = "--bucket-mb 0.00001"  # 10 bytes: one parameter per bucket
+TINY = "--bucket-mb 0.00001 --overlap on"  # 10 bytes: one parameter per bucket, handed over
 
 
 def test_clipping_is_exact_with_a_bucket_per_parameter(two_engines, shell):
@@ -83,9 +83,10 @@ def test_averaging_starts_while_backward_still_runs(two_engines, shell):
     ref = _single_process(OVERLAP.replace("from phalanx import bytes_sent", "bytes_sent = int"),
                           WIDE + "PATIENCE = 0\n")
     np.testing.assert_allclose(_params(ns["model"]), _params(ref["model"]), atol=1e-5)
-    # with one bucket (the default 25 MB) nothing but the control message is sent before the
-    # pass ends: the hand-over is what the first run measured, not some other traffic
-    ns = _fit(shell, "--return seen --collective-timeout 30", OVERLAP, WIDE + "PATIENCE = 0.3\n")
+    # on one host --overlap auto keeps every bucket for the end of the pass: nothing but the
+    # control message goes out before, so the hand-over is what the first run measured
+    ns = _fit(shell, "--bucket-mb 0.00001 --return seen --collective-timeout 30", OVERLAP,
+              WIDE + "PATIENCE = 0.3\n")
     assert ns["seen"] == [False, False, False]
 
 
@@ -118,8 +119,27 @@ def test_a_backward_that_raised_mid_averaging_ends_the_run_with_what_to_do(two_e
                                atol=1e-5)
 
 
-def test_bucket_size_must_be_positive(two_engines, shell):
+def test_bucket_size_and_overlap_flags_are_checked(two_engines, shell):
     from IPython.core.error import UsageError
 
     with pytest.raises(UsageError, match="--bucket-mb must be a positive size"):
         run_cell(shell, "%%distributed_fit --bucket-mb 0\nx = 1\n")
+    with pytest.raises(UsageError, match="unknown --overlap 'yes': use auto"):
+        run_cell(shell, "%%distributed_fit --overlap yes\nx = 1\n")
+
+
+BEFORE_WRAP = """
+from phalanx import wrap
+opt = torch.optim.SGD(model.parameters(), lr=0.3, momentum=0.9)
+net = wrap(model)  # after its optimizer: DDP averages, phalanx's own hooks stand aside
+for step in range(6):
+    opt.zero_grad()
+    ((net(X).squeeze(1) - y) ** 2).mean().backward()
+    opt.step()
+"""
+
+
+def test_an_optimizer_made_before_wrap(two_engines, shell):
+    ns = _fit(shell, f"{TINY} --return model", BEFORE_WRAP)
+    ref = _single_process(BEFORE_WRAP.replace("from phalanx import wrap", "wrap = lambda m: m"))
+    np.testing.assert_allclose(_params(ns["model"]), _params(ref["model"]), atol=1e-5)

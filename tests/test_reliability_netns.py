@@ -17,6 +17,7 @@ import time
 
 import psutil
 import pytest
+import torch
 
 from machine_lock import machine_wide
 from test_reliability_helpers import alive, figures, listening_sockets  # noqa: F401
@@ -94,6 +95,7 @@ for step in range(5):
 total = allreduce(float(rank + 1), op="sum")
 transport = type(current_run().collectives._pick([torch.ones(1)])).__name__
 weights = model.weight.detach().clone()
+handed_over = current_run().grad_sync._comm._thread is not None  # the gradient thread ran
 """
 
 
@@ -119,7 +121,7 @@ def test_engines_in_two_network_namespaces_join_one_run(namespaces, tmp_path, fi
         ns: dict = {}
         started = time.monotonic()
         session.distributed_fit(BODY, FitOptions.build(returns="total,transport,weights",
-                                                       widget=False), ns)
+                                                       widget=False, seed=1), ns)
         figures["12_first_run_three_hosts_s"] = round(time.monotonic() - started, 2)
         assert ns["total"] == 6.0  # 1 + 2 + 3: every rank took part
         assert ns["transport"] == "TorchCommunicator"  # no shared memory across hosts
@@ -128,8 +130,13 @@ def test_engines_in_two_network_namespaces_join_one_run(namespaces, tmp_path, fi
         assert {r["rank"] for r in record.history.rows()} == {0, 1, 2}  # metrics from every ns
         assert session.fits.rendezvous.tcp_store is not None  # a TCP rendezvous, not a local file
         assert session.fits.rendezvous.receiver.address.startswith(f"tcp://{KERNEL_IP}:")
-        session.distributed_fit(BODY, FitOptions.build(returns="total", widget=False), ns)
-        assert ns["total"] == 6.0  # warm re-run across the namespaces
+        one_bucket = ns["weights"]
+        # warm re-run across the namespaces, a bucket per parameter: across hosts --overlap auto
+        # averages them on the gradient thread (through torch.distributed) as backward runs
+        session.distributed_fit(BODY, FitOptions.build(returns="total,weights,handed_over",
+                                                       widget=False, seed=1, bucket_mb=1e-5), ns)
+        assert ns["total"] == 6.0 and ns["handed_over"]
+        assert torch.allclose(ns["weights"], one_bucket, atol=1e-6)
         _fit_a_network_over_tls(session)
         # Here (the kernel, the controller, the local engine): loopback or the bridge address
         # only, torch's TCPStore included (it is handed a socket bound to the bridge address).

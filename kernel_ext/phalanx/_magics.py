@@ -145,6 +145,9 @@ class PhalanxMagics(Magics):
     @argument("--bucket-mb", type=float, default=25.0, metavar="MB",
               help="gradient bucket size: averaging of a full bucket starts while backward "
                    "still runs (default 25, as DDP's bucket_cap_mb)")
+    @argument("--overlap", default="auto",
+              help="auto | on | off: average full gradient buckets while backward still runs "
+                   "(auto: where the ranks span several hosts)")
     @argument("--background", action="store_true",
               help="return at once with a run handle (run.wait(), run.stop(), run.status)")
     @line_cell_magic
@@ -163,7 +166,7 @@ class PhalanxMagics(Magics):
                                     checkpoint_dir=args.checkpoint_dir, resume=args.resume,
                                     max_restarts=args.max_restarts, uneven=args.uneven,
                                     keep_history=args.keep_history, profile=args.profile,
-                                    bucket_mb=args.bucket_mb)
+                                    bucket_mb=args.bucket_mb, overlap=args.overlap)
             if args.background:
                 from ._background import report_end, run_in_background
 

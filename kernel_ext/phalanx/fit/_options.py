@@ -16,6 +16,7 @@ from typing import Any
 STRATEGIES = ("allreduce", "localsgd", "easgd", "none")
 BACKENDS = ("auto", "nccl", "gloo", "mpi")
 UNEVEN = ("join", "error")  # ranks that run out of data early: answer the others, or fail
+OVERLAP = ("auto", "on", "off")  # gradient buckets averaged while backward runs (auto: across hosts)
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
 
@@ -59,6 +60,7 @@ class FitOptions:
     uneven: str = "join"
     profile: int | None = None       # --profile STEPS: record that many optimizer steps per rank
     bucket_mb: float = 25.0          # --bucket-mb: gradient bucket size (DDP's bucket_cap_mb)
+    overlap: str = "auto"            # --overlap: average full buckets while backward runs
     extra: dict = field(default_factory=dict)
 
     @classmethod
@@ -69,7 +71,7 @@ class FitOptions:
               widget: bool = True, checkpoint_every: Any = None, checkpoint_dir: str | None = None,
               resume: bool = False, max_restarts: Any = 0, uneven: str = "join",
               keep_history: str | None = None, profile: Any = None,
-              bucket_mb: Any = 25.0) -> "FitOptions":
+              bucket_mb: Any = 25.0, overlap: str = "auto") -> "FitOptions":
         """Check every flag and return the options, or raise :class:`FitUsageError`."""
         # A plain name may be a notebook class: the runner checks it against the notebook.
         if sync not in STRATEGIES and not (_IDENT.match(sync or "") or _DOTTED.match(sync or "")):
@@ -93,6 +95,9 @@ class FitOptions:
         _check_recovery(checkpoint_every, checkpoint_dir, resume, max_restarts)
         if profile is not None:
             _positive_int(profile, "--profile")
+        if overlap not in OVERLAP:
+            raise FitUsageError(f"unknown --overlap {overlap!r}: use auto (overlap where the ranks "
+                                "span several hosts), on or off")
         if not float(bucket_mb) > 0:
             raise FitUsageError(f"--bucket-mb must be a positive size in megabytes, got {bucket_mb} "
                                 "(25, as in DDP, suits most models)")
@@ -107,7 +112,8 @@ class FitOptions:
                    checkpoint_dir=checkpoint_dir or None, resume=bool(resume),
                    max_restarts=int(max_restarts), uneven=uneven,
                    keep_history=_keep_dir(keep_history),
-                   profile=None if profile is None else int(profile), bucket_mb=float(bucket_mb))
+                   profile=None if profile is None else int(profile), bucket_mb=float(bucket_mb),
+                   overlap=overlap)
 
     @property
     def checkpointed(self) -> bool:

@@ -249,7 +249,7 @@ class FitRunner:
                         alpha=opts.alpha, seed=opts.seed, returns=tuple(opts.returns),
                         checkpoint=checkpoint, uneven=opts.uneven, shard=tuple(opts.shard),
                         memory_interval_s=self.memory_interval_s, profile=opts.profile,
-                        bucket_bytes=max(1, int(opts.bucket_mb * 2**20)))
+                        bucket_bytes=max(1, int(opts.bucket_mb * 2**20)), overlap=opts.overlap)
                 for r in range(len(slots))]
 
     def _stash(self, slots: list, prepared: Prepared) -> None:

@@ -27,6 +27,8 @@ class Collectives:
         self._group = group
         self.rank = group.spec.rank
         self.world_size = group.spec.world_size
+        # every rank on one host: averaging is memory copies on the cores training uses
+        self.one_host = len(set(group.spec.hosts)) <= 1
         self.clock: Any = None  # a StepClock: times each call (waiting vs moving bytes)
 
     def _timed(self) -> Any:

@@ -204,7 +204,7 @@ def _new_run(spec: RunSpec, group: Any, namespace: dict) -> RunContext:
     strategy = namespace[spec.sync] if spec.sync_from_notebook else spec.sync
     run = RunContext(run_id=spec.run_id, rank=spec.rank, world_size=spec.world_size,
                      device=_device(spec), strategy_spec=strategy, every=spec.every,
-                     alpha=spec.alpha, bucket_bytes=spec.bucket_bytes)
+                     alpha=spec.alpha, bucket_bytes=spec.bucket_bytes, overlap=spec.overlap)
     run.collectives = Collectives(group)
     run.bytes_at_start = run.collectives.bytes_sent
     run.join = JoinControl(run.collectives, spec.uneven, _shard_rows(namespace, spec))

@@ -8,7 +8,8 @@ Each tracked parameter gets a post-accumulate-grad hook.  In a backward pass:
 2. each hook copies its parameter's gradient into its flat bucket (:mod:`._grad_buckets`: one
    dtype, about 25 MB, last layer first).  When a bucket is full it is handed to the gradient
    thread (:mod:`._overlap`), which averages it while the backward pass goes on computing the
-   earlier layers, as DDP's reducer does.  Buckets are handed over strictly in order, so every
+   earlier layers, as DDP's reducer does (see below for when).  Buckets are handed over strictly
+   in order, so every
    rank makes the same collectives in the same order even where their passes differ;
 3. the callback waits for the handed-over buckets, averages the rest (the last bucket, and
    buckets holding a parameter that got no gradient in this pass) on the training thread, and
@@ -27,10 +28,15 @@ with the full batch.  Gradient accumulation stays exact: ``.grad`` already holds
 earlier passes (the same on every rank), so averaging the sum again adds the new average.
 :func:`no_sync` skips the communication of micro-steps, as DDP's ``no_sync`` does.
 
-Buckets are handed over early only where the strategy averages each bucket on its own
-(``SyncStrategy.buckets_independent``, true for ``allreduce``) and only for CPU tensors: on CUDA
-the gradient thread would need the stream ordering DDP's reducer keeps, so CUDA buckets are
-averaged at the end of the pass (``wrap()`` gives DDP's overlap there).
+When buckets are handed over early (``--overlap``): only where the strategy averages each bucket
+on its own (``SyncStrategy.buckets_independent``, true for ``allreduce``), only for CPU tensors
+(on CUDA the gradient thread would need the stream ordering DDP's reducer keeps, so CUDA buckets
+are averaged at the end of the pass; ``wrap()`` gives DDP's overlap there), and by default
+(``auto``) only where the ranks span several hosts, so averaging waits on the network.  With
+every rank on one host, averaging is memory copies on the same cores backward computes on:
+overlapping them measured 0.94x and 1.00x the end-of-pass averaging on the 2-core machine (a
+33 MB model, two runs of ``benchmarks/bench_throughput.py``), no gain for a thread's cost;
+``--overlap on`` hands over there too.
 
 Example (inside ``%%distributed_fit``)::
 
@@ -144,6 +150,8 @@ class GradientSync:
         key = id(param)
         if key in self._suppressed:
             return  # no_sync: its bucket is filled with zeros at the end and it keeps its .grad
+        if key in self.run.ddp_param_ids:
+            return  # wrap()ped after its optimizer was made: DDP's reducer averages it
         current = self._pass
         if current is None:
             current = self._begin(key)
@@ -171,11 +179,20 @@ class GradientSync:
             self._clock.mark("backward_s")  # the step clock: backward starts about now
         info = self.join.round(KIND_GRADIENTS, self.run.steps, self.run.steps)
         layout.reset()
-        overlap = all(getattr(s, "buckets_independent", False) for s, _ in self._groups) and \
-            all(b.flat.device.type == "cpu" for b in layout.buckets)
-        self._pass = _Pass(info, layout, overlap)
+        self._pass = _Pass(info, layout, self._overlaps(layout))
         Variable._execution_engine.queue_callback(self._end_of_backward)
         return self._pass
+
+    def _overlaps(self, layout: BucketLayout) -> bool:
+        """Whether this pass hands full buckets to the gradient thread (``--overlap``)."""
+        mode = getattr(self.run, "overlap", "auto")
+        if mode == "off" or len(layout.buckets) < 2:
+            return False
+        if not all(getattr(s, "buckets_independent", False) for s, _ in self._groups):
+            return False
+        if any(b.flat.device.type != "cpu" for b in layout.buckets):
+            return False
+        return mode == "on" or not getattr(self.run.collectives, "one_host", True)
 
     def _hand_over(self, current: _Pass) -> None:
         """Give the gradient thread every full bucket next in order; the last one stays for the

@@ -76,6 +76,7 @@ class RunSpec:
     memory_interval_s: float = 1.0     # memory samples this often (0: off)
     profile: int | None = None         # record this many optimizer steps (``--profile``)
     bucket_bytes: int = 25 * 2**20     # gradient bucket size (``--bucket-mb``)
+    overlap: str = "auto"              # average full buckets while backward runs (``--overlap``)
 
 
 class Outcome(enum.Enum):

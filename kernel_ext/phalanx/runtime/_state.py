@@ -45,6 +45,7 @@ class RunContext:
     join: Any = None                    # JoinControl: uneven inputs (see _join)
     grad_sync: Any = None               # GradientSync: averaging at the end of backward
     bucket_bytes: int = 25 * 2**20      # gradient bucket size (--bucket-mb)
+    overlap: str = "auto"               # auto | on | off (--overlap, see _grad_sync)
 
 
 class EngineState:
