@@ -202,3 +202,51 @@ def test_refused_payloads_send_nothing_to_the_engines(ready, shell):
             _shipping.LARGE_OBJECT_BYTES = old
     assert len(client.history) == before, "something was sent to the engines"
     _next_run_works(shell, ready)
+
+
+# The gradient thread busy: every parameter a bucket of its own, handed over as backward runs.
+OVERLAPPED = """%%distributed_fit --bucket-mb 0.001 --overlap on
+model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Tanh(), torch.nn.Linear(256, 256),
+                            torch.nn.Tanh(), torch.nn.Linear(256, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x = torch.randn(32, 64)
+for step in range(10**6):
+    opt.zero_grad(); model(x).sum().backward(); opt.step()
+    log(seen=step)
+"""
+
+
+def _gradient_threads(session) -> list[int]:
+    """How many gradient threads each engine has now (one per run that handed buckets over)."""
+    view = session.cluster.client[:]
+    view.execute("import threading as _th\n_grad_threads = sum(t.name == 'phalanx-gradients' "
+                 "for t in _th.enumerate())", block=True)
+    return view.pull("_grad_threads", block=True)
+
+
+def test_a_rank_killed_while_buckets_are_in_flight_releases_the_other(ready, shell):
+    victim = ready.cluster.slots()[1]
+    killer = when_rank_logged(ready, 1, 20, lambda: os.kill(victim.pid, signal.SIGKILL))
+    error, raised_at = _run_expecting_failure(shell, OVERLAPPED)
+    assert error.rank == 1 and "died" in str(error)
+    assert error.results[0].error in ("PeerDied", "CollectiveAborted", "KeyboardInterrupt")
+    assert raised_at - killer["t"] < 10
+    run_cell(shell, "%cluster restart 1")
+    _next_run_works(shell, ready)
+    assert _gradient_threads(ready) == [0, 0]  # the survivor's thread ended with its run
+
+
+def test_an_interrupt_while_buckets_are_in_flight_leaves_every_rank_idle(ready, shell):
+    from phalanx.fit import DistributedFitError
+
+    def interrupt_when_training():
+        wait_for(lambda: ready.fits.active is not None and len(ready.fits.active.history.rows()) > 20,
+                 60, what="the run logging")
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_when_training, daemon=True).start()
+    with pytest.raises(DistributedFitError, match="interrupted"):
+        run_cell(shell, OVERLAPPED)
+    wait_for(lambda: all_idle(ready), 5, what="every rank idle")
+    assert _gradient_threads(ready) == [0, 0]
+    _next_run_works(shell, ready)
