@@ -8,9 +8,9 @@ Each tracked parameter gets a post-accumulate-grad hook.  In a backward pass:
 2. each hook copies its parameter's gradient into its flat bucket (:mod:`._grad_buckets`: one
    dtype, about 25 MB, last layer first).  When a bucket is full it is handed to the gradient
    thread (:mod:`._overlap`), which averages it while the backward pass goes on computing the
-   earlier layers, as DDP's reducer does (see below for when).  Buckets are handed over strictly
-   in order, so every
-   rank makes the same collectives in the same order even where their passes differ;
+   earlier layers, as DDP's reducer does (see below for when).  Buckets are handed over
+   strictly in order, so every rank makes the same collectives in the same order even where
+   their passes differ;
 3. the callback waits for the handed-over buckets, averages the rest (the last bucket, and
    buckets holding a parameter that got no gradient in this pass) on the training thread, and
    agrees with the other ranks on which parameters got a gradient on *some* rank (one small

@@ -47,10 +47,6 @@ class CommThread:
         self._pending = 0
         self._error: BaseException | None = None
 
-    @property
-    def idle(self) -> bool:
-        return self._pending == 0
-
     def submit(self, work: Callable[[], None]) -> None:
         if self._thread is None:
             self._thread = threading.Thread(target=self._serve, name=self.name, daemon=True)
