@@ -21,7 +21,8 @@ engine asks the zygote, over the same socket, for its ipyparallel *nanny* too
 A kernel's later clusters have their controller forked here as well (it imports in 0.02 s what
 costs a fresh controller about 0.75 s of CPU); the first starts fresh, as the zygote is still
 importing then.  A controller does not die with the zygote: engines restarted after a zygote
-was killed start fresh and join it.
+was killed start fresh and join it.  What a forked process does to become an engine, a nanny or
+a controller is in :mod:`._zygote_child`.
 
 What is shared by forking is only what importing creates.  The zygote never computes, creates no
 thread and initialises no CUDA: it serves CPU engines only (a GPU engine always starts fresh, as
@@ -69,7 +70,7 @@ PRELOAD = ("ipyparallel.engine.app", "ipyparallel.engine.nanny", "ipyparallel.co
            "phalanx.runtime._sync", "phalanx.runtime._metrics", "phalanx.runtime._profile",
            "phalanx.runtime.transport._comm", "phalanx.runtime.transport._comm_torch",
            "phalanx.runtime.transport._shm", "phalanx.cluster._supervise",
-           "phalanx.cluster._zygote_nanny")
+           "phalanx.cluster._zygote_nanny", "phalanx.cluster._zygote_child")
 
 
 def read_at_import(key: str) -> bool:
@@ -204,44 +205,21 @@ class Zygote:
         _reply(conn, {"pid": pid})  # a proxy gone by now is seen as gone by the loop
 
     def _fork(self, request: dict, fds: list[int], conn: socket.socket, nanny: bool) -> int:
+        from phalanx.cluster._zygote_child import become
+
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
         pid = os.fork()
         if pid:
             return pid
-        controller = request.get("argv", [])[:1] == ["ipyparallel.controller"]
         try:  # the engine, nanny or controller: nothing of the zygote's serving is kept
-            os.setsid()
-            # A nanny outlives its engine a moment, to tell the controller; the controller
-            # outlives a zygote that dies under it, so that restarted engines (then started
-            # fresh) still find it.  Its stand-in waits for it either way.
-            if not nanny and not controller:
-                _die_with(zygote=self.pid)
-            for target, fd in enumerate(fds):
-                os.dup2(fd, target)
-            keep = {0, 1, 2}
-            for fd in [*fds, self.server.fileno(), conn.fileno(), self.selector.fileno(),
-                       *self.engines, *(c.fileno() for c, _ in self.engines.values()),
-                       *self.nannies, *([self.kernel_fd] if self.kernel_fd is not None else [])]:
-                if fd not in keep:
-                    _close(fd)
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.chdir(request.get("cwd") or "/")
-            os.environ.clear()
-            os.environ.update({k: v for k, v in request["env"].items()
-                               if k not in (ENV_SOCKET, ENV_PID)})  # the engine is no proxy
-            if nanny:
-                _run_nanny()
-                os._exit(0)
-            _reseed()
-            from phalanx.cluster._supervise import main as supervised_main
-            from phalanx.cluster._zygote_nanny import ask_for_nannies
-
-            if controller:
-                _set_name(CONTROLLER_NAME)  # its command line is the zygote's: found by name
-            else:
-                ask_for_nannies(self.path)
-            supervised_main(request["argv"])  # runs the engine or controller; never returns
+            controller = request.get("argv", [])[:1] == ["ipyparallel.controller"]
+            role = "nanny" if nanny else "controller" if controller else "engine"
+            serving = [self.server.fileno(), conn.fileno(), self.selector.fileno(), *self.engines,
+                       *(c.fileno() for c, _ in self.engines.values()), *self.nannies,
+                       *([self.kernel_fd] if self.kernel_fd is not None else [])]
+            become(role, {"nanny": NANNY_NAME, "controller": CONTROLLER_NAME}.get(role),
+                   request, fds, serving, self.pid, self.path)  # never returns
         except BaseException:
             traceback.print_exc()
         os._exit(1)
@@ -306,57 +284,11 @@ def _reply(conn: socket.socket, message: dict) -> None:
         pass
 
 
-def _close(fd: int) -> None:
-    try:
-        os.close(fd)
-    except OSError:
-        pass
-
-
 def _kill(pid: int) -> None:
     try:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-
-
-def _die_with(zygote: int) -> None:
-    """The engine ends when the zygote does (``PR_SET_PDEATHSIG``): a zygote killed under its
-    engines takes them along, as one fault that their stand-ins report, rather than leaving
-    engines that nothing stands for."""
-    import ctypes
-
-    pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-    if os.getppid() != zygote:  # it died before the signal was armed
-        os._exit(1)
-
-
-def _run_nanny() -> None:
-    """Be an engine's nanny, as ``python -m ipyparallel.engine.nanny`` would: its arguments
-    come on standard input, its address goes back on standard output (line-buffered here: the
-    engine waits for that line), and it runs until its engine has exited."""
-    _set_name(NANNY_NAME)
-    sys.stdout = open(1, "w", buffering=1, closefd=False)
-    from ipyparallel.engine.nanny import main as nanny_main
-
-    nanny_main()
-
-
-def _set_name(name: str) -> None:
-    """The process name ps and psutil's ``name()`` show, where the command line is the zygote's."""
-    import ctypes
-
-    pr_set_name = 15
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_name, name.encode())
-
-
-def _reseed() -> None:
-    """numpy's global generator was seeded once, in the zygote: every engine would draw the same
-    numbers where separately started engines draw different ones."""
-    numpy_random = sys.modules.get("numpy.random")
-    if numpy_random is not None:
-        numpy_random.seed()
 
 
 def main(argv: list[str]) -> None:
