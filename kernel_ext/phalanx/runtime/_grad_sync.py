@@ -188,7 +188,7 @@ class GradientSync:
         mode = getattr(self.run, "overlap", "auto")
         if mode == "off" or len(layout.buckets) < 2:
             return False
-        if not all(getattr(s, "buckets_independent", False) for s, _ in self._groups):
+        if not self._bucket_per_call():
             return False
         if any(b.flat.device.type != "cpu" for b in layout.buckets):
             return False
@@ -246,7 +246,7 @@ class GradientSync:
     def _reduce_all(self, buckets: list[Bucket]) -> None:
         """Average ``buckets`` on this thread: one call per bucket where the strategy takes them
         one by one (as the gradient thread does), else one call per strategy with all of its."""
-        if all(getattr(s, "buckets_independent", False) for s, _ in self._groups):
+        if self._bucket_per_call():
             for bucket in buckets:
                 self._reduce([bucket])
             return
@@ -254,6 +254,10 @@ class GradientSync:
             mine = [b for b in buckets if b.owner == owner]
             if mine:
                 self._reduce(mine)
+
+    def _bucket_per_call(self) -> bool:
+        """Whether every strategy takes its buckets one by one (``buckets_independent``)."""
+        return all(getattr(s, "buckets_independent", False) for s, _ in self._groups)
 
     def _agree_on_used(self, params: list, shadow: bool) -> np.ndarray:
         """Per parameter: whether any rank has a gradient for it (an int allreduce)."""

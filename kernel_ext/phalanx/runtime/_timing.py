@@ -17,8 +17,9 @@ Measured here, at points the runtime already passes through:
   hook starts *optimizer*; a collective or a ``log()`` call is cut out of whatever part it
   interrupts.  Collectives of the gradient thread, which run beside backward, are recorded but
   cut out of nothing: what the training thread waits for them at the end of backward is its
-  collective time (the averaging backward did not hide).  Each step's time is therefore split into parts that add up to it exactly.  The
-  first step starts when the first optimizer is attached.  On GPUs the figures are host-side
+  collective time (the averaging backward did not hide).  Each step's time is therefore split
+  into parts that add up to it exactly.  The first step starts when the first optimizer is
+  attached.  On GPUs the figures are host-side
   (no synchronisation is added): kernel time shows where the host waits for the device.
 
 The records ride on the metric batches (``"timing"``), so nothing new is sent on its own.
