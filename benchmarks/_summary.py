@@ -47,6 +47,13 @@ def _latency(d: dict) -> list[dict]:
             other = d[key]["median"]
             rows.append(_row("latency", f"warm re-run {label} / with the live view", other / warm,
                              "reported", None, f"{other * 1e3:.1f} ms vs {warm * 1e3:.1f} ms"))
+    for key, label in (("mlp", "the cell's MLP (270 KB)"), ("linear_100mb", "a 100 MB layer")):
+        figures = d.get("shipping", {}).get(key)
+        if figures is not None:
+            fast, base = figures["phalanx_s"]["median"], figures["cloudpickle_s"]["median"]
+            rows.append(_row("latency", f"{label} pickled + unpickled / cloudpickle",
+                             figures["ratio"], "< 1x", figures["ratio"] < 1,
+                             f"{fast * 1e3:.2f} ms vs {base * 1e3:.2f} ms"))
     return rows
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import io
+import sys
+import threading
 import time
 
 import numpy as np
@@ -9,7 +12,7 @@ import pytest
 import torch
 from IPython.core.error import UsageError
 
-from conftest import run_cell
+from conftest import held_until, run_cell
 from test_reliability_helpers import wait_for
 
 pytestmark = pytest.mark.cluster
@@ -295,6 +298,30 @@ def test_kernel_interrupt_stops_every_rank(fit, shell):
     assert stopped_after < 30  # far below the collective timeout: the ranks were not waited out
     assert all(r["state"] == "idle" for r in fit.status().rows)
     _assert_next_run_works(shell, fit)
+
+
+def test_what_ranks_print_reaches_the_cell_while_the_run_goes_on(fit, shell, monkeypatch, tmp_path):
+    out = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", out)
+    gate, run_over, seen_during_run = tmp_path / "printed", threading.Event(), threading.Event()
+
+    def open_gate_once_printed():
+        wait_for(lambda: all(f"[rank {r}] hello from {r}\n" in out.getvalue() for r in (0, 1)),
+                 timeout=120, what="both ranks' first line in the cell")
+        if not run_over.is_set():
+            seen_during_run.set()
+        gate.touch()
+
+    watcher = threading.Thread(target=open_gate_once_printed, daemon=True)
+    watcher.start()
+    try:  # each rank prints a line, waits for the test to see it, then ends without a newline
+        run_cell(shell, "%%distributed_fit --no-widget\nprint(f'hello from {rank}')\n"
+                 + held_until(gate, "print(f'last words {rank}', end='')\n", limit_s=60))
+    finally:
+        run_over.set()
+        watcher.join(timeout=130)
+    assert seen_during_run.is_set(), "the ranks' output arrived only once the run was over"
+    assert "[rank 0] last words 0\n" in out.getvalue() and "[rank 1] last words 1\n" in out.getvalue()
 
 
 def test_unpicklable_object_is_refused_naming_its_path(fit, shell):

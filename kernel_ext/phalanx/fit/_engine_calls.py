@@ -35,6 +35,9 @@ class Undelivered:
     def get(self, timeout: float | None = None) -> Any:
         raise self.exc
 
+    def wait_for_output(self, timeout: float | None = None) -> bool:
+        return True  # nothing ran: no output will come
+
 
 def registered(cluster: Any, engine_id: int | None) -> bool:
     """Whether ipyparallel still knows ``engine_id`` (False once the cluster itself is gone)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any
 
 
@@ -10,19 +11,31 @@ class OutputStreamer:
     """Print new complete lines of each rank's stdout/stderr (ipyparallel collects them)."""
 
     def __init__(self, ars: list[Any]) -> None:
-        self._ars = ars
+        # ipyparallel appends each rank's output to its task's metadata dict in place: read the
+        # dicts directly (an AsyncResult's attribute access waits, and parses its dates, each time)
+        self._metadata = [getattr(ar, "metadata", None) or {} for ar in ars]
         self._seen = {(r, s): 0 for r in range(len(ars)) for s in ("stdout", "stderr")}
 
     def flush(self, final: bool = False) -> None:
-        for rank, ar in enumerate(self._ars):
+        for rank, metadata in enumerate(self._metadata):
             for stream, sink in (("stdout", sys.stdout), ("stderr", sys.stderr)):
-                text = _text(getattr(ar, stream, ""))
+                text = _text(metadata.get(stream, ""))
                 start = self._seen[(rank, stream)]
                 end = len(text) if final else text.rfind("\n", start) + 1
                 if end > start:
                     chunk = text[start:end]
                     self._seen[(rank, stream)] = end
                     sink.write("".join(f"[rank {rank}] {line}\n" for line in chunk.splitlines()))
+
+
+    def finish(self, returned: list[Any], grace_s: float) -> None:
+        """Print the rest, the last line too when it has no newline. ipyparallel can deliver a
+        task's result before its last output: wait up to ``grace_s`` in all for the output of
+        the tasks that ``returned`` (those of dead engines may never complete)."""
+        deadline = time.monotonic() + grace_s
+        for ar in returned:
+            ar.wait_for_output(max(0.0, deadline - time.monotonic()))
+        self.flush(final=True)
 
 
 def _text(value: Any) -> str:

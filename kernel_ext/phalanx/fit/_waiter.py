@@ -32,6 +32,9 @@ RELEASE_DELAY_S = 0.5
 # event of its own: printed output, a stop request, the panel's messages where the kernel has
 # no subshells.  20 times a second is prompt for those; every 5 ms cost ~7% of a core.
 POLL_S = 0.05
+# A task's last printed lines can arrive just after its result; a healthy engine's follow
+# within milliseconds, so this bounds only the wait for an engine that returned and then hung.
+OUTPUT_GRACE_S = 1.0
 # How a rank that kept its peers waiting can end, besides a collective error of its own.
 _STALL_OUTCOMES = (Outcome.INTERRUPTED, Outcome.STOPPED, Outcome.DIED)
 
@@ -78,7 +81,8 @@ class Waiter:
                     raise
                 interrupted, status = True, "interrupted"
                 self._release(pending, [])
-        self.output.flush()
+        self.output.finish([self.ars[r] for r, res in results.items() if not res.outcome.kernel_made],
+                           OUTPUT_GRACE_S)
         self._mark_stalled(results)
         if status == "done" and any(r.outcome is Outcome.RESIZED for r in results.values()):
             status = "resized"

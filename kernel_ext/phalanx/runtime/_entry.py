@@ -63,7 +63,7 @@ def run_cell(spec: RunSpec, shard_blobs: dict[str, bytes] | None) -> RankResult:
 
 
 def _run_cell(spec: RunSpec, shard_blobs: dict[str, bytes] | None, gate: InterruptGate) -> RankResult:
-    import cloudpickle
+    from ._tensor_pickle import dumps as tensor_dumps
 
     started = time.time()
     state = engine_state()
@@ -93,7 +93,7 @@ def _run_cell(spec: RunSpec, shard_blobs: dict[str, bytes] | None, gate: Interru
         hooks = None
         payload = _returns(spec, namespace)
         return RankResult(Outcome.OK, steps=run.steps, wall_s=time.time() - started,
-                          returns=cloudpickle.dumps(payload) if payload is not None else None,
+                          returns=tensor_dumps(payload) if payload is not None else None,
                           profile=profiler.result() if profiler is not None else None,
                           **_progress(run))
     except StopForResize as stop:  # every rank stops at the same commit: nothing to release
