@@ -324,6 +324,23 @@ def test_what_ranks_print_reaches_the_cell_while_the_run_goes_on(fit, shell, mon
     assert "[rank 0] last words 0\n" in out.getvalue() and "[rank 1] last words 1\n" in out.getvalue()
 
 
+def test_changed_objects_travel_with_the_run_and_unused_ones_are_dropped(fit, shell):
+    from phalanx.runtime._entry import cached_hashes
+
+    client = fit.cluster.client
+    run_cell(shell, "scale = 2.0\nbig = list(range(10_000))\n")
+    run_cell(shell, "%%distributed_fit\nassert scale == 2.0 and len(big) == 10_000\n")
+    held = client[:].apply_sync(cached_hashes)
+    assert all(set(h) == {"scale", "big"} for h in held)
+
+    run_cell(shell, "scale = 3.0\n")
+    tasks_before = len(client.history)
+    run_cell(shell, "%%distributed_fit\nassert scale == 3.0\n")
+    assert len(client.history) - tasks_before == 2  # one task per engine: the new value rode along
+    now = client[:].apply_sync(cached_hashes)
+    assert all(set(h) == {"scale"} and h["scale"] != old["scale"] for h, old in zip(now, held))
+
+
 def test_unpicklable_object_is_refused_naming_its_path(fit, shell):
     from phalanx.fit import ShippingError
 

@@ -128,9 +128,12 @@ class Answered:
     """An AsyncResult whose rank already answered."""
 
     def __init__(self, result: RankResult) -> None:
-        self.result, self.stdout, self.stderr = result, "", ""
+        self.result, self.metadata = result, {"stdout": "", "stderr": ""}
 
     def ready(self) -> bool:
+        return True
+
+    def wait_for_output(self, timeout: float | None = None) -> bool:
         return True
 
     def done(self) -> bool:

@@ -10,8 +10,8 @@ Example::
 
     cache = EngineSetCache("phx-1a2b3c4d")
     key = cache.group_key(slots, timeout_s=300.0)   # warm key, or a new one (the group re-forms)
-    need, targets = cache.objects_to_ship(slots, prepared.hashes, prepared.blobs)
-    cache.shipped(targets, prepared.hashes)
+    stashes = cache.stashes(slots, prepared.hashes, prepared.blobs)  # one per slot, or None
+    cache.shipped(delivered_slots, prepared.hashes)
     cache.group_formed(slots, key)                  # or group_torn_down(slots) after a failure
 """
 
@@ -60,19 +60,18 @@ class EngineSetCache:
 
     # --- shipped objects --------------------------------------------------------------------
 
-    def objects_to_ship(self, slots: list, hashes: Mapping[str, str],
-                        blobs: Mapping[str, bytes]) -> tuple[dict[str, tuple[str, bytes]], list]:
-        """What to send, and to which slots: the objects some engine lacks (or holds another
-        version of), and every engine that lacks one or holds one this run no longer ships."""
-        need: dict[str, tuple[str, bytes]] = {}
-        targets = []
+    def stashes(self, slots: list, hashes: Mapping[str, str],
+                blobs: Mapping[str, bytes]) -> list[tuple[dict[str, tuple[str, bytes]], list[str]] | None]:
+        """Per slot, what its engine must store before this run, sent with the run itself:
+        (the objects it lacks or holds another version of, every name to keep), or ``None``
+        when it holds exactly these objects."""
+        keep = sorted(hashes)
+        stashes: list[tuple[dict[str, tuple[str, bytes]], list[str]] | None] = []
         for slot in slots:
             held = self._shipped.get(slot.slot_id, {})
             missing = {n: (h, blobs[n]) for n, h in hashes.items() if held.get(n) != h}
-            if missing or set(held) - set(hashes):
-                need.update(missing)
-                targets.append(slot)
-        return need, targets
+            stashes.append((missing, keep) if missing or set(held) - set(hashes) else None)
+        return stashes
 
     def shipped(self, slots: list, hashes: Mapping[str, str]) -> None:
         """These engines now hold exactly the objects ``hashes`` names."""

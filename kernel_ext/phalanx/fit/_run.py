@@ -19,13 +19,12 @@ import uuid
 from typing import Any, Callable
 
 from .. import events
-from ..runtime import CheckpointSpec, GroupSpec, RankResult, ResumePlan, RunSpec, \
-    run_cell, stash_objects
+from ..runtime import CheckpointSpec, GroupSpec, RankResult, ResumePlan, RunSpec, run_cell
 from ._checkpoints import Lineage, choose_lineage, warn_if_unused
 from ._control import RunControl
 from ._dispatch import Prepared, choose_backend, prepare
 from ._engine_cache import EngineSetCache
-from ._engine_calls import alive, call_each, dispatch, fault_of
+from ._engine_calls import Undelivered, call_each, dispatch
 from ._errors import DistributedFitError, failure
 from ._manifest import build_manifest, check_versions, engine_versions
 from ._options import FitOptions, FitUsageError
@@ -151,11 +150,14 @@ class FitRunner:
                  plan: ResumePlan | None) -> tuple[str, dict[int, RankResult]]:
         specs = self._specs(job, slots, prepared, plan)
         key = specs[0].group.key
-        self._stash(slots, prepared)
+        # What an engine lacks of the shipped objects travels with its run: no message of its own
+        stashes = self.engines.stashes(slots, prepared.hashes, prepared.blobs)
         results: dict[int, RankResult] = {}
         try:  # a rank whose engine left before its task was sent fails like one that died in it
-            ars = [dispatch(self.cluster, s, run_cell, spec, blob)
-                   for s, spec, blob in zip(slots, specs, prepared.shard_blobs)]
+            ars = [dispatch(self.cluster, s, run_cell, spec, blob, stash)
+                   for s, spec, blob, stash in zip(slots, specs, prepared.shard_blobs, stashes)]
+            self.engines.shipped([s for s, ar in zip(slots, ars) if not isinstance(ar, Undelivered)],
+                                 prepared.hashes)
             status = Waiter(self.cluster, slots, ars, job.tracker, job.opts,
                             self.control.pump).wait(results)
         except BaseException:
@@ -251,20 +253,6 @@ class FitRunner:
                         memory_interval_s=self.memory_interval_s, profile=opts.profile,
                         bucket_bytes=max(1, int(opts.bucket_mb * 2**20)), overlap=opts.overlap)
                 for r in range(len(slots))]
-
-    def _stash(self, slots: list, prepared: Prepared) -> None:
-        """Send each engine the shipped objects it does not hold yet (by content hash)."""
-        need, targets = self.engines.objects_to_ship(slots, prepared.hashes, prepared.blobs)
-        if targets:
-            try:
-                self.cluster.client[[s.engine_id for s in targets]].apply_async(
-                    stash_objects, need, sorted(prepared.hashes))
-            except Exception as exc:  # an engine left: name it (sent to nobody, so record nothing)
-                gone = [r for r, s in enumerate(slots) if s in targets and not alive(self.cluster, s)]
-                failed = gone or [slots.index(targets[0])]
-                raise fault_of(self.cluster, slots, {r: exc for r in failed},
-                               "the run was starting (sending its data)") from None
-            self.engines.shipped(targets, prepared.hashes)
 
 
 def _exact_steps(tracker: RunTracker, results: dict[int, RankResult]) -> dict[int, int]:

@@ -1,8 +1,8 @@
 """What an engine runs for one ``%%distributed_fit`` cell.
 
-The kernel calls :func:`stash_objects` once on all engines (shipped names, cached by content
-hash so an unchanged object is never sent twice) and then :func:`run_cell` on every engine with
-that rank's :class:`~._seam.RunSpec` and its own shard.  ``run_cell`` never raises: it returns a
+The kernel calls :func:`run_cell` on every engine with that rank's :class:`~._seam.RunSpec`, its
+own shard and, when the engine lacks some, the shipped names it needs (cached here by content
+hash, so an unchanged object is never sent twice; :func:`stash_objects`).  ``run_cell`` never raises: it returns a
 :class:`~._seam.RankResult` saying what happened, so the kernel can tell a failing rank from a
 dead one and report each precisely.
 """
@@ -46,11 +46,16 @@ def cached_hashes() -> dict[str, str]:
     return {name: h for name, (h, _) in engine_state().cache.items()}
 
 
-def run_cell(spec: RunSpec, shard_blobs: dict[str, bytes] | None) -> RankResult:
-    """Run the cell body as rank ``spec.rank``; returns how it ended.
+def run_cell(spec: RunSpec, shard_blobs: dict[str, bytes] | None,
+             stash: tuple[dict[str, tuple[str, bytes]], list[str]] | None = None) -> RankResult:
+    """Run the cell body as rank ``spec.rank``; returns how it ended. ``stash`` is what to store
+    first (:func:`stash_objects`' arguments), before an interrupt can act: the kernel counts it
+    as held from now on, whatever the run does.
 
     The kernel's interrupt is raised only while the run can act on it (see ``_interrupts``):
     one arriving once this rank is on its way back is dropped, so the result always gets back."""
+    if stash is not None:
+        stash_objects(*stash)
     gate = InterruptGate()
     gate.install_open()
     try:
