@@ -41,9 +41,9 @@ Example (two ranks as threads, with the in-process communicator used for testing
 The kernel's side
 -----------------
 A run crosses to the engines as one :class:`RunSpec` per rank and comes back as one
-:class:`RankResult` per rank (see :mod:`._seam`); ``run_cell``, ``stash_objects``,
-``cached_hashes`` and ``held_commits`` are what the kernel calls on an engine.  They are not
-for cells, and the engine calls load on first use.
+:class:`RankResult` per rank (see :mod:`._seam`); ``run_cell`` (which first stores the shipped
+objects the engine lacks, ``stash_objects``), ``cached_hashes`` and ``held_commits`` are what the
+kernel calls on an engine.  They are not for cells, and the engine calls load on first use.
 """
 
 from importlib import import_module
