@@ -40,6 +40,14 @@ def test_every_dtype_and_shape_comes_back_equal(dtype):
         same_tensor(round_trip(case), pickle.loads(cloudpickle.dumps(case)))
 
 
+def test_a_loaded_tensor_behaves_like_any_other():
+    loaded = round_trip(torch.arange(4.0))
+    loaded.resize_(0)  # its storage is torch's own: it can grow, as out= arguments do
+    torch.cat([torch.ones(3), torch.ones(3)], out=loaded)
+    assert loaded.tolist() == [1.0] * 6
+    assert loaded.share_memory_().is_shared()
+
+
 def test_parameters_keep_their_type_and_requires_grad():
     weight = torch.nn.Parameter(torch.randn(3, 4))
     frozen = torch.nn.Parameter(torch.randn(2), requires_grad=False)

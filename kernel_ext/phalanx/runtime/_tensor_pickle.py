@@ -4,8 +4,8 @@ torch pickles each tensor storage through a nested ``torch.save`` (and loads it 
 ``torch.load``), which costs about 0.1 ms per storage however small it is. A warm re-run
 unpickles every shipped model and shard on every engine, so for a small model that overhead is
 most of the engine's set-up. Here a storage is written as its raw bytes (a protocol-5 buffer)
-and a tensor as a view on it. Pickled and unpickled, a small MLP takes about a third of
-cloudpickle's time and a 100 MB layer about half (measured in ``benchmarks/bench_latency.py``).
+and a tensor as a view on it. Pickled and unpickled, a small MLP takes about 0.4x
+cloudpickle's time and a 100 MB layer about 0.6x (measured in ``benchmarks/bench_latency.py``).
 
 What torch's own pickling keeps is kept: dtype, shape, strides, storage offset,
 ``requires_grad``, ``nn.Parameter``, and storage sharing between tensors of the same pickle (a
@@ -92,7 +92,9 @@ def _rebuild_storage(data: bytearray) -> Any:
 
     if len(data) == 0:  # frombuffer refuses an empty buffer
         return torch.empty(0, dtype=torch.uint8)
-    return torch.frombuffer(data, dtype=torch.uint8)  # shares the bytearray, no copy
+    # Copied into memory torch allocates: a storage on the bytearray itself could not be resized
+    # (``resize_``, ``out=``) and is less aligned than torch's kernels expect.
+    return torch.frombuffer(data, dtype=torch.uint8).clone()
 
 
 def _rebuild_tensor(storage_bytes: Any, dtype: Any, size: tuple, stride: tuple, offset: int,
