@@ -35,7 +35,8 @@ def same_tensor(a: torch.Tensor, b: torch.Tensor) -> None:
 def test_every_dtype_and_shape_comes_back_equal(dtype):
     generator = torch.Generator().manual_seed(3)
     full = (torch.rand(5, 7, generator=generator) * 100).to(dtype)
-    cases = [full, full[1:4, ::2], full.t(), full[2, 3], full[:0], torch.zeros((), dtype=dtype)]
+    cases = [full, full[1:4, ::2], full.t(), full[2, 3], full[:0], full[0].expand(3, 7),
+             torch.zeros((), dtype=dtype)]
     for case in cases:
         same_tensor(round_trip(case), pickle.loads(cloudpickle.dumps(case)))
 
