@@ -27,7 +27,6 @@ class OutputStreamer:
                     self._seen[(rank, stream)] = end
                     sink.write("".join(f"[rank {rank}] {line}\n" for line in chunk.splitlines()))
 
-
     def finish(self, returned: list[Any], grace_s: float) -> None:
         """Print the rest, the last line too when it has no newline. ipyparallel can deliver a
         task's result before its last output: wait up to ``grace_s`` in all for the output of

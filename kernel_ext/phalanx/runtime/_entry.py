@@ -2,9 +2,9 @@
 
 The kernel calls :func:`run_cell` on every engine with that rank's :class:`~._seam.RunSpec`, its
 own shard and, when the engine lacks some, the shipped names it needs (cached here by content
-hash, so an unchanged object is never sent twice; :func:`stash_objects`).  ``run_cell`` never raises: it returns a
-:class:`~._seam.RankResult` saying what happened, so the kernel can tell a failing rank from a
-dead one and report each precisely.
+hash, so an unchanged object is never sent twice; :func:`stash_objects`).  ``run_cell`` never
+raises: it returns a :class:`~._seam.RankResult` saying what happened, so the kernel can tell a
+failing rank from a dead one and report each precisely.
 """
 
 from __future__ import annotations
