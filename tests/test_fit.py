@@ -341,6 +341,19 @@ def test_changed_objects_travel_with_the_run_and_unused_ones_are_dropped(fit, sh
     assert all(set(h) == {"scale"} and h["scale"] != old["scale"] for h, old in zip(now, held))
 
 
+def test_back_to_back_runs_each_get_all_their_rows_over_one_metrics_thread(fit, shell):
+    for run in range(4):  # the engines keep their sender's thread and socket between runs
+        run_cell(shell, "%%distributed_fit --no-widget\n"
+                        f"for i in range(40):\n    log(value={run} * 100 + i + rank / 10)\n")
+        rows = fit.last_run().history.rows()
+        for rank in (0, 1):
+            got = sorted(r["value"] for r in rows if r["rank"] == rank)
+            assert got == [run * 100 + i + rank / 10 for i in range(40)], (run, rank, got)
+    names = fit.cluster.client[:].apply_sync(
+        lambda: [t.name for t in __import__("threading").enumerate()])
+    assert all(n.count("phalanx-metrics") <= 1 for n in names), names  # not one per run
+
+
 def test_unpicklable_object_is_refused_naming_its_path(fit, shell):
     from phalanx.fit import ShippingError
 
