@@ -188,8 +188,7 @@ class ClusterManager(StatusMixin, AdoptionMixin, EngineStartMixin):
         kwargs: dict[str, Any] = dict(
             engines=self._launcher.name, delay=0, engine_timeout=int(self.timeout),
             controller_args=list(CONTROLLER_ARGS) + NO_TASK_DATABASE, shutdown_atexit=True,
-            log=quiet_logger(),
-            parent=None)
+            log=quiet_logger(), parent=None)
         if profile and os.sep in profile:  # a profile's folder rather than its name
             kwargs["profile_dir"] = os.path.abspath(os.path.expanduser(profile))
         elif profile:
