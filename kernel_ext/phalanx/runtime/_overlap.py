@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import logging
 import queue
+import sys
 import threading
+import traceback
 from typing import Callable
 
 from ._timing import overlapped_calls
@@ -42,24 +44,27 @@ class CommThread:
     def __init__(self, name: str = "phalanx-gradients") -> None:
         self.name = name
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        # No lock is shared with the training thread: the kernel's interrupt is raised there
+        # between bytecodes, also just after a ``with lock:`` acquired and before its block began,
+        # which leaves the lock held and the gradient thread blocked on it for good.  A queue
+        # (C-level, its put and get whole) carries one token per finished item instead.
+        self._finished: queue.SimpleQueue = queue.SimpleQueue()
+        self._outstanding = 0  # handed over, not waited for yet (the training thread's own count)
         self._thread: threading.Thread | None = None
-        self._idle = threading.Condition()
-        self._pending = 0
         self._error: BaseException | None = None
 
     def submit(self, work: Callable[[], None]) -> None:
         if self._thread is None:
             self._thread = threading.Thread(target=self._serve, name=self.name, daemon=True)
             self._thread.start()
-        with self._idle:
-            self._pending += 1
+        self._outstanding += 1
         self._queue.put(work)
 
     def wait(self) -> None:
         """Return once everything handed over has run; raise the first error any of it raised."""
-        with self._idle:
-            while self._pending:
-                self._idle.wait()
+        while self._outstanding:
+            self._finished.get()
+            self._outstanding -= 1
         error, self._error = self._error, None
         if error is not None:
             raise error
@@ -72,8 +77,11 @@ class CommThread:
             return
         self._queue.put(None)
         thread.join(_CLOSE_WAIT_S)
-        if thread.is_alive():
-            log.warning("phalanx: the gradient thread did not stop within %g s", _CLOSE_WAIT_S)
+        if thread.is_alive():  # say where it is stuck
+            frame = sys._current_frames().get(thread.ident or -1)
+            where = "".join(traceback.format_stack(frame)[-4:]) if frame is not None else "?"
+            log.warning("phalanx: the gradient thread did not stop within %g s; it is in:\n%s",
+                        _CLOSE_WAIT_S, where)
 
     def _serve(self) -> None:
         with overlapped_calls():
@@ -87,7 +95,4 @@ class CommThread:
                 except BaseException as exc:  # handed to the training thread by wait()
                     self._error = exc
                 finally:
-                    with self._idle:
-                        self._pending -= 1
-                        if not self._pending:
-                            self._idle.notify_all()
+                    self._finished.put(None)
