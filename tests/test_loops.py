@@ -304,6 +304,45 @@ def test_batchnorm_buffers_follow_rank_0_as_under_ddp(two_engines, shell):
     np.testing.assert_allclose(results[False], results[True], atol=1e-5)
 
 
+LATE_BATCHNORM = """
+from phalanx import log
+from torch.nn.modules import module as _torch_module
+torch.manual_seed(0)
+parts = torch.nn.ModuleDict({"trunk": torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh()),
+                             "bn": torch.nn.BatchNorm1d(8), "head": torch.nn.Linear(8, 1)})
+opt = torch.optim.SGD(parts.parameters(), lr=0.1)
+for step in range(6):
+    opt.zero_grad()
+    h = parts["trunk"](X)
+    if step >= 3:                      # the BatchNorm joins after the first steps
+        h = parts["bn"](h)
+    ((parts["head"](h).squeeze(1) - y) ** 2).mean().backward()
+    opt.step()
+    if step == 1:
+        hooks_in_step_2 = len(_torch_module._global_forward_pre_hooks)
+probe = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.BatchNorm1d(4))
+opt2 = torch.optim.SGD(probe.parameters(), lr=0.1)   # a second model joins with its optimizer
+for step in range(3):
+    opt2.zero_grad()
+    probe(X).pow(2).mean().backward()
+    opt2.step()
+log(late=float(parts["bn"].running_mean.sum()), probe=float(probe[1].running_mean.sum()),
+    hooks=hooks_in_step_2)
+"""
+
+
+def test_buffers_of_modules_that_join_late_still_follow_rank_0(two_engines, shell):
+    """The modules with buffers are found in the first step; later steps run without a global
+    forward hook (every module call would pay torch's slow path), yet a BatchNorm first called
+    in step 4 and a model that comes with a new optimizer still get rank 0's statistics."""
+    _fit(shell, "", LATE_BATCHNORM)
+    rows = [r for r in two_engines.last_run().history.rows() if "late" in r]
+    assert len(rows) == 2, rows
+    assert rows[0]["late"] == rows[1]["late"] and rows[0]["probe"] == rows[1]["probe"], rows
+    assert rows[0]["late"] != 0.0 and rows[0]["probe"] != 0.0  # they did train
+    assert rows[0]["hooks"] == rows[1]["hooks"] == 0, rows
+
+
 def test_sync_batchnorm_on_cpu_is_refused_with_what_to_do(two_engines, shell):
     from phalanx.fit import DistributedFitError
 

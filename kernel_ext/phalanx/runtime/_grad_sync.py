@@ -55,6 +55,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from ._forward_watch import ForwardWatch
 from ._grad_buckets import Bucket, BucketLayout
 from ._join import KIND_GRADIENTS, JoinControl, RoundInfo
 from ._overlap import CommThread
@@ -84,6 +85,8 @@ class GradientSync:
         self._comm = CommThread()
         self._modules: list = []                   # modules with buffers, in first-forward order
         self._module_ids: set[int] = set()
+        # finds them once there are gradients to average; one rank has no one to give them to
+        self.forward_watch = ForwardWatch(self._on_forward) if run.world_size > 1 else None
         self._clock = getattr(run.metrics, "clock", None)  # a StepClock, where the run has one
 
     def track(self, optimizer: Any, strategy: Any) -> None:
@@ -93,35 +96,57 @@ class GradientSync:
 
     def refresh(self) -> None:
         """Hook parameters added since (``add_param_group``, ``requires_grad`` turned on)."""
+        added = False
         for _strategy, params in self._param_groups():
             for p in params:
                 if id(p) not in self._hooks:
                     self._hooks[id(p)] = p.register_post_accumulate_grad_hook(self._on_grad)
+                    added = True
+        if added and self.forward_watch is not None:
+            self.forward_watch.open()  # new parameters may come with new modules: look again
+
+    def step_ended(self) -> None:
+        """An optimizer step ended: the modules that ran since the window opened are known
+        (a window opened by ``add_param_group`` in this very step waits for the next)."""
+        if self.forward_watch is not None and self.forward_watch.is_open:
+            self.forward_watch.step_ended(self._namespace_modules)
+
+    def _namespace_modules(self) -> list:
+        import torch
+
+        return [v for v in list(self.run.namespace.values()) if isinstance(v, torch.nn.Module)]
 
     def remove(self) -> None:
         for handle in self._hooks.values():
             handle.remove()
         self._hooks.clear()
         self._modules.clear()
+        if self.forward_watch is not None:
+            self.forward_watch.remove()
         self._comm.close()
 
-    def on_forward(self, module: Any, args: Any) -> None:
-        """Global forward pre-hook: remember training modules that hold buffers."""
-        if not module._buffers or id(module) in self._module_ids or not module.training:
-            return
+    def _on_forward(self, module: Any, args: Any) -> bool:
+        """A module that holds buffers is about to run forward (``args`` None: it is in the
+        trees of those that ran in the first step): remember it if it trains.  True once it is
+        remembered, or is DDP's to look after (no need to watch it more)."""
+        if id(module) in self._module_ids:
+            return True
+        if not module.training:
+            return False
         import torch
 
-        if not torch.is_grad_enabled() or not self._groups:
-            return
+        if (args is not None and not torch.is_grad_enabled()) or not self._groups:
+            return False
         if isinstance(module, torch.nn.SyncBatchNorm) and self.run.world_size > 1 and \
                 args and getattr(args[0], "is_cpu", False):
             raise ValueError("SyncBatchNorm needs CUDA tensors in torch; on CPU keep plain "
                              "BatchNorm (phalanx gives every rank rank 0's running statistics, "
                              "as DDP does) or train on GPUs")
         if any(id(p) in self.run.ddp_param_ids for p in module.parameters(recurse=False)):
-            return  # a wrap()ped model: DDP broadcasts its buffers itself
+            return True  # a wrap()ped model: DDP broadcasts its buffers itself
         self._module_ids.add(id(module))
         self._modules.append(module)
+        return True
 
     @contextlib.contextmanager
     def suppressed(self, params: list) -> Iterator[None]:

@@ -57,12 +57,8 @@ class StepHooks:
         from torch.optim.optimizer import (register_optimizer_step_post_hook,
                                            register_optimizer_step_pre_hook)
 
-        from torch.nn.modules.module import register_module_forward_pre_hook
-
         self._handles = [register_optimizer_step_pre_hook(self._before_step),
                          register_optimizer_step_post_hook(self._after_step)]
-        if self.run.world_size > 1:  # buffers to broadcast: nothing to do on one rank
-            self._handles.append(register_module_forward_pre_hook(self.grads.on_forward))
         orig = self._orig_init = torch.optim.Optimizer.__init__
         hooks = self
 
@@ -123,6 +119,7 @@ class StepHooks:
                 run.join.round(after_step_kind(run, strategy), run.steps, run.steps)
             strategy.after_step(params, run.steps)
         if id(optimizer) == self._primary:
+            self.grads.step_ended()
             run.steps += 1
             if run.metrics is not None:
                 run.metrics.set_step(run.steps)
