@@ -58,8 +58,8 @@ class ForwardWatch:
         self._global: Any = None          # the global hook's handle
         self._due = False                 # a window is open: look at the trees when it closes
         self._ran = False                 # ... and a module ran since it opened
-        self._known: set[int] = set()     # every module the global hook has seen
-        self._new: list = []              # ... since the last window closed
+        self._known: set[int] = set()     # the modules that ran in this window
+        self._new: list = []              # ... in the order they first ran
         self._compiled = False            # a torch.compile'd module ran: keep the global hook
         self._hooks: dict[int, Any] = {}  # id(module) -> its own hook, until on_forward takes it
         self._done: set[int] = set()      # modules on_forward took
@@ -94,6 +94,7 @@ class ForwardWatch:
             for _name, module in root.named_modules(memo=memo):
                 self._offer_or_hook(module)
         self._new.clear()
+        self._known.clear()  # ids only mean something while _new holds their modules
         if self._global is not None and not self._compiled:
             self._global.remove()
             self._global = None
@@ -117,13 +118,13 @@ class ForwardWatch:
         if torch.compiler.is_compiling():
             return  # traced into a graph: nothing to learn there, nothing to add to it
         key = id(module)
-        self._ran = self._ran or self._due
-        if key not in self._known:
-            self._known.add(key)
-            if self._due:
+        if self._due:
+            self._ran = True
+            if key not in self._known:
+                self._known.add(key)
                 self._new.append(module)
-            if _is_compiled(module):
-                self._compiled = True
+        if not self._compiled and _is_compiled(module):
+            self._compiled = True
         if module._buffers and key not in self._done and self._on_forward(module, args):
             self._taken(key)
 
