@@ -17,10 +17,10 @@ Each tracked parameter gets a post-accumulate-grad hook.  In a backward pass:
    allreduce);
 4. it copies the averages back into ``.grad`` and leaves ``.grad`` at ``None`` where no rank
    produced a gradient (as one process would, so optimizers skip those parameters);
-5. it gives every rank rank 0's buffers (BatchNorm running statistics) of the modules that ran
-   forward in training mode, as DDP does by default (DDP copies them before each forward; here
-   they are copied after each backward, so rank 0's statistics - the ones ``--return`` brings
-   back - are the same either way).
+5. it gives every rank rank 0's buffers (BatchNorm running statistics) of the training modules
+   that hold buffers (found in the first step, :mod:`._forward_watch`), as DDP does by default
+   (DDP copies them before each forward; here they are copied after each backward, so rank 0's
+   statistics - the ones ``--return`` brings back - are the same either way).
 
 Whatever runs between ``backward()`` and ``step()`` - clipping, ``GradScaler.unscale_`` and its
 inf check, logging - therefore sees the same gradients on every rank, the ones one process sees
