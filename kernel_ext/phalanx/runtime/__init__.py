@@ -42,8 +42,8 @@ The kernel's side
 -----------------
 A run crosses to the engines as one :class:`RunSpec` per rank and comes back as one
 :class:`RankResult` per rank (see :mod:`._seam`); ``run_cell`` (which first stores the shipped
-objects the engine lacks, ``stash_objects``), ``cached_hashes`` and ``held_commits`` are what the
-kernel calls on an engine.  They are not for cells, and the engine calls load on first use.
+objects the engine lacks), ``cached_hashes`` and ``held_commits`` are what the kernel calls on an
+engine.  They are not for cells, and the engine calls load on first use.
 """
 
 from importlib import import_module
@@ -65,7 +65,6 @@ if TYPE_CHECKING:  # loaded on first use (below); named here for type checkers
     from ._checkpoint import held_commits as held_commits
     from ._entry import cached_hashes as cached_hashes
     from ._entry import run_cell as run_cell
-    from ._entry import stash_objects as stash_objects
     from ._sync import SyncStrategy as SyncStrategy
     from ._sync import param_grads as param_grads
     from ._sync import param_values as param_values
@@ -79,8 +78,7 @@ __all__ = ["log", "allreduce", "broadcast", "barrier", "wrap", "no_sync", "bytes
 _STRATEGY_API = {"SyncStrategy": "._sync", "param_values": "._sync", "param_grads": "._sync",
                  "Communicator": ".transport._comm"}
 # What the kernel calls on an engine, loaded on first use like the strategy API.
-_ENGINE_CALLS = {"run_cell": "._entry", "stash_objects": "._entry", "cached_hashes": "._entry",
-                 "held_commits": "._checkpoint"}
+_ENGINE_CALLS = {"run_cell": "._entry", "cached_hashes": "._entry", "held_commits": "._checkpoint"}
 
 
 def __getattr__(name: str) -> object:

@@ -56,7 +56,7 @@ class ForwardWatch:
     def __init__(self, on_forward: Callable[[Any, Any], bool]) -> None:
         self._on_forward = on_forward
         self._global: Any = None          # the global hook's handle
-        self._due = False                 # a window is open: look at the trees when it closes
+        self._open = False                # a window is open: look at the trees when it closes
         self._ran = False                 # ... and a module ran since it opened
         self._known: set[int] = set()     # the modules that ran in this window
         self._new: list = []              # ... in the order they first ran
@@ -66,7 +66,7 @@ class ForwardWatch:
 
     @property
     def is_open(self) -> bool:
-        return self._due
+        return self._open
 
     def watched(self) -> int:
         """How many modules have a hook of their own now."""
@@ -74,8 +74,8 @@ class ForwardWatch:
 
     def open(self) -> None:
         """Watch every module call until the next step that ran a module ends (idempotent)."""
-        if not self._due:
-            self._due, self._ran = True, False
+        if not self._open:
+            self._open, self._ran = True, False
         if self._global is None:
             from torch.nn.modules.module import register_module_forward_pre_hook
 
@@ -86,9 +86,9 @@ class ForwardWatch:
         """An optimizer step ended.  If the window is open and modules ran in it, close it:
         offer the modules with buffers in their trees and in ``roots()``, hook those not taken
         yet, and drop the global hook (unless a compiled module ran)."""
-        if not self._due or not self._ran:
+        if not self._open or not self._ran:
             return
-        self._due = False
+        self._open = False
         memo: set = set()   # named_modules does not descend into a module already in memo
         for root in (*self._new, *roots()):
             for _name, module in root.named_modules(memo=memo):
@@ -110,7 +110,7 @@ class ForwardWatch:
         self._new.clear()
         self._known.clear()
         self._done.clear()
-        self._due = self._ran = self._compiled = False
+        self._open = self._ran = self._compiled = False
 
     def _discover(self, module: Any, args: Any) -> None:
         import torch
@@ -118,7 +118,7 @@ class ForwardWatch:
         if torch.compiler.is_compiling():
             return  # traced into a graph: nothing to learn there, nothing to add to it
         key = id(module)
-        if self._due:
+        if self._open:
             self._ran = True
             if key not in self._known:
                 self._known.add(key)

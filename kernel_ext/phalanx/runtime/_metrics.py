@@ -75,7 +75,7 @@ def _socket_to(address: str) -> Any:
         socket = _SOCKETS.get(address)
         if socket is None:
             for old in _SOCKETS.values():
-                old.close(linger=2000)  # what it still holds goes out first
+                old.close()  # its LINGER lets what it still holds go out first
             _SOCKETS.clear()
             socket = _SOCKETS[address] = zmq.Context.instance().socket(zmq.PUSH)
             socket.setsockopt(zmq.LINGER, 2000)
