@@ -19,9 +19,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from phalanx.runtime.transport._comm import CollectiveAborted, CollectiveTimeout, PeerDied
+from phalanx.runtime.transport._comm import (CollectiveAborted, CollectiveMismatch,
+                                             CollectiveTimeout, PeerDied)
+from phalanx.runtime.transport._comm_util import Backoff
 from phalanx.runtime.transport._shm import ShmCommunicator
-from phalanx.runtime.transport._shm_segment import Segment, cleanup_stale, segment_name
+from phalanx.runtime.transport._shm_layout import signature
+from phalanx.runtime.transport._shm_segment import (STATE_FAILED, W_SEQ, W_SIG, Segment,
+                                                    cleanup_stale, segment_name)
 
 HERE = Path(__file__).resolve()
 KERNEL_EXT = HERE.parent.parent / "kernel_ext"
@@ -186,6 +190,30 @@ def test_mismatched_collectives_are_reported_on_both_ranks(ranks, group):
     for p in ranks("mismatch", group):
         out = lines(p)[-1]
         assert out["type"] == "CollectiveMismatch" and "allreduce of 8" in out["msg"], out
+
+
+def test_a_peer_that_arrived_then_failed_on_a_mismatch_is_reported_as_the_mismatch(group):
+    # The race the two-process test above can only hit by chance: rank 1 read rank 0 as not yet
+    # arrived, then rank 0 posted the same sync point, found the mismatch and published its
+    # failure, all before rank 1's next check. Rank 1 must still name the mismatch.
+    segs = [Segment.create(segment_name(group, r), 4096, 2) for r in (0, 1)]
+    comm = ShmCommunicator.__new__(ShmCommunicator)
+    comm.rank, comm.timeout_s, comm._segs, comm._peers = 1, 5.0, segs, [(0, segs[0])]
+    comm._seq = comm._done = comm._abandoned = 0
+    comm._abort_reason, comm._futex = None, False
+    try:
+        theirs, mine = signature("allreduce", 1, 8), signature("allreduce", 1, 16)
+        segs[0].set_reason(STATE_FAILED, "rank 0 found a mismatch", failed_at=2)
+        with pytest.raises(CollectiveAborted, match="rank 0 gave up"):  # failed, never arrived
+            comm._check(1, [0], "allreduce", Backoff(time.monotonic() + 5), check_alive=True)
+        segs[0].hdr[W_SIG + 1], segs[0].hdr[W_SEQ] = theirs, 1
+        comm._check(1, [0], "allreduce", Backoff(time.monotonic() + 5), check_alive=True)
+        with pytest.raises(CollectiveMismatch, match="allreduce of 8 B"):
+            comm._sync(mine, "allreduce")
+    finally:
+        for seg in segs:
+            seg.unlink()
+            seg.close()
 
 
 def test_rendezvous_with_a_missing_rank_times_out_and_cleans_up(group):

@@ -87,7 +87,7 @@ class SyncPointsMixin:
                 return
             now = time.perf_counter()
             if now >= next_check:
-                self._check(pending, what, backoff, check_alive=now >= next_alive)
+                self._check(c, pending, what, backoff, check_alive=now >= next_alive)
                 next_check = now + _CHECK_EVERY_S
                 next_alive = next_alive if now < next_alive else now + _LIVENESS_EVERY_S
             if self._futex and now > backoff.yield_until:
@@ -114,24 +114,33 @@ class SyncPointsMixin:
                 futex.wake(self._segs[self.rank].seq_address)
                 return
 
-    def _check(self, pending: list[int], what: str, backoff: Backoff, check_alive: bool) -> None:
+    def _check(self, c: int, pending: list[int], what: str, backoff: Backoff,
+               check_alive: bool) -> None:
         number = self._done + 1
         if self._abort_reason is not None:
             raise CollectiveAborted(f"{what} #{number} aborted on rank {self.rank}: "
                                     f"{self._abort_reason}", [self.rank], what)
+        late = []
         for r in pending:
             peer = self._segs[r]
-            if peer.hdr[seg_mod.W_STATE] != seg_mod.STATE_OK:
+            # the state is read before the counter: a peer posts before it publishes a failure,
+            # so one seen failed that has posted ``c`` meanwhile gave up after arriving (say, on
+            # the mismatch it found there), and :meth:`_sync` names that cause
+            failed = peer.hdr[seg_mod.W_STATE] != seg_mod.STATE_OK
+            if peer.hdr[seg_mod.W_SEQ] >= c:
+                continue
+            late.append(r)
+            if failed:
                 raise CollectiveAborted(f"{what} #{number} on rank {self.rank} released: rank {r} "
                                         f"gave up ({peer.reason()})", [r], what)
             if check_alive and not peer.alive():
                 raise PeerDied(f"rank {r} (pid {peer.pid}) died; rank {self.rank} was in {what} "
                                f"#{number}", [r], what)
-        if backoff.expired():
-            late = ", ".join(f"rank {r} (pid {self._segs[r].pid}, last completed collective "
-                             f"#{self._segs[r].hdr[seg_mod.W_DONE]})" for r in pending)
+        if late and backoff.expired():
+            names = ", ".join(f"rank {r} (pid {self._segs[r].pid}, last completed collective "
+                              f"#{self._segs[r].hdr[seg_mod.W_DONE]})" for r in late)
             raise CollectiveTimeout(f"{what} #{number} timed out after {self.timeout_s:g} s on "
-                                    f"rank {self.rank}; not arrived: {late}", pending, what)
+                                    f"rank {self.rank}; not arrived: {names}", late, what)
 
     def _publish(self, state: int, reason: str, failed_at: int = 0) -> None:
         """Tell peers why this rank stops, and wake those sleeping on us to read it."""
