@@ -69,9 +69,11 @@ def test_nbviewer_rendering_keeps_every_picture(name):
 
     nb = _saved(name)
     outputs = _outputs(nb)
-    pictures = sum("image/png" in o.get("data", {}) for o in outputs) + sum(
-        str(o.get("data", {}).get("text/html", "")).count("data:image/png") for o in outputs)
+    pictures = sum("image/png" in o.get("data", {}) for o in outputs)
+    embedded = {kind: sum(str(o.get("data", {}).get("text/html", "")).count(f"data:image/{kind}")
+                          for o in outputs) for kind in ("png", "svg+xml")}  # summaries' curves
     drawings = sum("<svg" in str(o.get("data", {}).get("text/html", "")) for o in outputs)
     html, _ = HTMLExporter().from_notebook_node(nb)
-    assert html.count("data:image/png;base64") >= pictures
+    assert html.count("data:image/png;base64") >= pictures + embedded["png"]
+    assert html.count("data:image/svg+xml;base64") >= embedded["svg+xml"]
     assert html.count("<svg") >= drawings

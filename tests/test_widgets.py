@@ -3,6 +3,7 @@ and their mean, progress text, the run summary, the engine table, and where widg
 
 from __future__ import annotations
 
+import base64
 import io
 
 import pytest
@@ -13,7 +14,6 @@ from phalanx.widgets import RunSummary, TextProgress, widgets_available
 from phalanx.widgets._cluster_table import merge_rows, table_html
 from phalanx.widgets._format import bar_range, overall, progress_line, rank_text
 from phalanx.widgets._series import MEAN, SeriesBuilder, full_series
-from phalanx.widgets._summary import curves_png, thin, wants_log_scale
 from phalanx.widgets._throttle import CpuBudget, Throttle
 from widget_fakes import FakeClock, fake_record, rank_progress, rows
 
@@ -101,21 +101,16 @@ def test_text_progress_prints_a_throttled_line_and_a_final_one():
     assert "run-1 done" in written.split("\r")[-1] and "30/30 steps" in written.split("\r")[-1]
 
 
-def test_log_scale_choice_and_thinning():
-    assert wants_log_scale([5.0, 0.01]) and not wants_log_scale([0.0, 1.0])
-    xs, ys = thin(list(range(10_001)), list(range(10_001)), limit=1000)
-    assert len(xs) <= 1001 and xs[-1] == 10_000 and xs == ys
-
-
 def test_summary_embeds_the_curves_and_keeps_the_manifest():
     record = fake_record(history_rows=[(r, s, {"loss": 1.0 / s}) for s in range(1, 6) for r in (0, 1)],
                          steps={0: 5, 1: 5})
     summary = RunSummary(record)
     page = summary._repr_html_()
-    assert "data:image/png;base64," in page and "<table>" in page and "10 metric rows" in page
+    assert "data:image/svg+xml;base64," in page and "<table>" in page and "10 metric rows" in page
     assert repr(summary) == repr(record)
     assert summary.metadata == {"phalanx": {"manifest": {"seed": 1}}}
-    assert curves_png(record.curves(), 2).startswith(b"\x89PNG")
+    picture = base64.b64decode(page.split("data:image/svg+xml;base64,")[1].split('"')[0])
+    assert picture.decode() == summary.svg() and b">loss (log scale)<" not in picture
     assert RunSummary(fake_record())._repr_html_().count("<img") == 0   # nothing logged
 
 
@@ -137,7 +132,7 @@ def test_widgets_only_where_a_kernel_frontend_can_draw_them():
 
 
 
-@pytest.mark.parametrize("name", ["_format", "_series", "_throttle", "_frontend", "_summary",
+@pytest.mark.parametrize("name", ["_format", "_series", "_throttle", "_frontend", "_svg_curves",
                                   "_cluster_table"])
 def test_docstring_examples(name):
     """The examples in the widgets' pure modules run and say what they show."""

@@ -55,7 +55,7 @@ def test_live_view_and_summary_of_a_real_two_rank_run(two_engines, shell, live_v
     assert view.plot.points("loss", MEAN) == 12 and view.plot.metrics == ["loss", "lr"]
     outputs = captured.outputs
     widget_outputs = [o for o in outputs if "application/vnd.jupyter.widget-view+json" in o.data]
-    summaries = [o for o in outputs if "data:image/png;base64," in o.data.get("text/html", "")]
+    summaries = [o for o in outputs if "data:image/svg+xml;base64," in o.data.get("text/html", "")]
     assert len(widget_outputs) == 1 and len(summaries) == 1
     assert "widget-run" in summaries[0].data["text/html"] and "12" in summaries[0].data["text/plain"]
     assert summaries[0].metadata["phalanx"]["manifest"] == record.manifest
@@ -94,7 +94,7 @@ def test_no_widget_prints_progress_and_still_keeps_the_summary(two_engines, shel
         run_cell(shell, "%%distributed_fit --shard X,y --no-widget --name text-run\n" + LOOP)
     assert live_views == []                                     # no live view was built
     assert "text-run done" in captured.stdout and "12 steps" in captured.stdout
-    assert any("data:image/png;base64," in o.data.get("text/html", "") for o in captured.outputs)
+    assert any("data:image/svg+xml;base64," in o.data.get("text/html", "") for o in captured.outputs)
 
 
 @pytest.mark.cluster
@@ -254,6 +254,6 @@ def test_views_in_a_real_kernel_leave_a_summary_that_needs_none():
     assert any(widget in o.get("data", {}) for o in run)                        # live view
     [summary] = [o for o in run if "phalanx" in o.get("metadata", {})]
     page = summary["data"]["text/html"]
-    assert "data:image/png;base64," in page and "nb-run" in page
+    assert "data:image/svg+xml;base64," in page and "nb-run" in page
     assert summary["metadata"]["phalanx"]["manifest"]["world_size"] == 2
     assert "[(0, 15), (1, 15)] errors: []" in "".join(o.get("text", "") for o in outputs[3])
