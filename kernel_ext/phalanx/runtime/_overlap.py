@@ -46,10 +46,11 @@ class CommThread:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         # No lock is shared with the training thread: the kernel's interrupt is raised there
         # between bytecodes, also just after a ``with lock:`` acquired and before its block began,
-        # which leaves the lock held and the gradient thread blocked on it for good.  A queue
-        # (C-level, its put and get whole) carries one token per finished item instead.
-        self._finished: queue.SimpleQueue = queue.SimpleQueue()
-        self._outstanding = 0  # handed over, not waited for yet (the training thread's own count)
+        # which leaves the lock held and the gradient thread blocked on it for good.  Each count
+        # has one writer, and a slow wait goes by a marker through the queue (C-level, its put
+        # and get whole), so no interrupt between two lines can leave a wait hung for good.
+        self._submitted = 0  # handed over (written by the training thread only)
+        self._completed = 0  # run or dropped (written by the gradient thread only)
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
@@ -57,14 +58,20 @@ class CommThread:
         if self._thread is None:
             self._thread = threading.Thread(target=self._serve, name=self.name, daemon=True)
             self._thread.start()
-        self._outstanding += 1
+        # counted before the put: an interrupt between the two leaves the count high, which only
+        # sends wait() the exact way (a count left low would let it return too early)
+        self._submitted += 1
         self._queue.put(work)
 
     def wait(self) -> None:
         """Return once everything handed over has run; raise the first error any of it raised."""
-        while self._outstanding:
-            self._finished.get()
-            self._outstanding -= 1
+        if self._completed != self._submitted:
+            # The queue runs in order: once the thread reaches this marker, everything handed
+            # over before it has run.  Interrupted here, the marker is simply never read.
+            marker: queue.SimpleQueue = queue.SimpleQueue()
+            self._queue.put(marker)
+            marker.get()
+            self._submitted = self._completed  # exact again: nothing was handed over meanwhile
         error, self._error = self._error, None
         if error is not None:
             raise error
@@ -89,10 +96,13 @@ class CommThread:
                 work = self._queue.get()
                 if work is None:
                     return
+                if isinstance(work, queue.SimpleQueue):  # a wait's marker
+                    work.put(None)
+                    continue
                 try:
                     if self._error is None:
                         work()
                 except BaseException as exc:  # handed to the training thread by wait()
                     self._error = exc
                 finally:
-                    self._finished.put(None)
+                    self._completed += 1
