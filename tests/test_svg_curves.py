@@ -117,6 +117,17 @@ def test_many_ranks_keep_only_the_mean_in_the_legend_and_at_most_six_panels():
     assert "mean" in legend and not any(t.startswith("rank ") for t in legend)
 
 
+def test_values_at_the_float_limits_draw_without_nan_or_error():
+    cases = ([-1e308, 1e308], [1e-300, 1e300], [5e-324, 1.0], [1.0, 1.0 + 1e-15], [0.0, 0.0])
+    for ys in cases:
+        svg = curves_svg({"m": {0: (np.arange(2.0), np.array(ys))}}, world_size=1)
+        assert "nan" not in svg and "inf" not in svg, ys
+        panel = panels(parse(svg))[0]
+        assert len(polyline_points(panel.find(f"{NS}polyline"))) == 2, ys
+        y_ticks = [t for t in panel.iter(f"{NS}text") if t.get("text-anchor") == "end"]
+        assert 2 <= len(y_ticks) <= 9, (ys, texts(panel))  # a log axis over 600 decades too
+
+
 def test_metric_names_are_escaped():
     root = parse(curves_svg({"<b>&loss": {0: (np.arange(2.0), np.arange(2.0))}}, world_size=1))
     assert "<b>&loss" in texts(panels(root)[0])

@@ -114,6 +114,19 @@ def test_summary_embeds_the_curves_and_keeps_the_manifest():
     assert RunSummary(fake_record())._repr_html_().count("<img") == 0   # nothing logged
 
 
+def test_a_summary_whose_picture_fails_keeps_its_table(monkeypatch, caplog):
+    import phalanx.widgets._summary as summary_module
+
+    def broken(*_args):
+        raise ValueError("no room on the canvas")
+
+    monkeypatch.setattr(summary_module, "curves_svg", broken)
+    record = fake_record(history_rows=[(0, 1, {"loss": 0.5})], steps={0: 1})
+    page = RunSummary(record)._repr_html_()
+    assert "<table>" in page and "<img" not in page and "1 metric rows" in page
+    assert "could not be drawn" in caplog.text and "no room on the canvas" in caplog.text
+
+
 def test_engine_table_rows_and_html():
     engines = [{"rank": r, "engine_id": r, "host": "h", "pid": None, "device": "cpu",
                 "state": "idle", "memory_mb": None, "step": None} for r in range(3)]

@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import base64
 import html
+import logging
 from typing import Any
 
 from ._svg_curves import curves_svg
+
+log = logging.getLogger("phalanx")
 
 
 class RunSummary:
@@ -35,10 +38,15 @@ class RunSummary:
         return {"phalanx": {"manifest": self.record.manifest}}
 
     def svg(self) -> str | None:
-        """The curves as an SVG document (drawn once); ``None`` when nothing was logged."""
+        """The curves as an SVG document (drawn once); ``None`` when nothing was logged or
+        the picture could not be drawn (the table still shows every final value)."""
         if not self._drawn:
-            self._svg = curves_svg(self.record.curves(), self.record.world_size)
             self._drawn = True
+            try:
+                self._svg = curves_svg(self.record.curves(), self.record.world_size)
+            except Exception:  # a picture is not worth losing the run's summary over
+                log.warning("phalanx: the metric curves of %s could not be drawn",
+                            self.record.name, exc_info=True)
         return self._svg
 
     def __repr__(self) -> str:

@@ -37,6 +37,8 @@ PANEL_W, PANEL_H = 420, 300
 # Plot area inside a panel: room on the left for y tick labels, below for x labels and title.
 LEFT, RIGHT, TOP, BOTTOM = 62, 12, 26, 40
 PLOT_W, PLOT_H = PANEL_W - LEFT - RIGHT, PANEL_H - TOP - BOTTOM
+MAX_TICKS = 8
+_HUGE = 1e300
 POINTS_PER_PIXEL = 4  # M4 keeps four points a bucket: one bucket per pixel column
 LEGEND_MAX_RANKS = 8  # beyond this a per-rank legend would cover the plot; the mean keeps its own
 
@@ -53,7 +55,8 @@ def wants_log_scale(values: Sequence[float] | np.ndarray) -> bool:
     finite = finite[np.isfinite(finite)]
     if not finite.size or finite.min() <= 0:
         return False
-    return bool(finite.max() / finite.min() > 100)
+    # compared as decades: max / min overflows for values near the float limits
+    return math.log10(finite.max()) - math.log10(finite.min()) > 2
 
 
 def nice_ticks(lo: float, hi: float, target: int = 5) -> list[float]:
@@ -66,7 +69,9 @@ def nice_ticks(lo: float, hi: float, target: int = 5) -> list[float]:
     """
     if not hi > lo:
         return [lo]
-    raw = (hi - lo) / target
+    raw = hi / target - lo / target  # divided first: hi - lo overflows for values near 1e308
+    if not math.isfinite(raw) or raw <= 0:
+        return [lo, hi]
     power = 10.0 ** math.floor(math.log10(raw))
     step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw * 0.999)
     first = math.ceil(lo / step - 1e-9)
@@ -125,8 +130,10 @@ def _panel(name: str, lines: dict, world_size: int) -> list[str]:
         out.append(f'<text x="{LEFT + PLOT_W / 2:g}" y="{TOP + PLOT_H / 2:g}" text-anchor="middle">'
                    f'no finite values</text>')
         return out + [_frame()]
-    x_scale = _Scale(float(xs[finite].min()), float(xs[finite].max()), LEFT, LEFT + PLOT_W, False)
-    y_scale = _Scale(float(ys[finite].min()), float(ys[finite].max()), TOP + PLOT_H, TOP, log)
+    # beyond +-1e300 a span (hi - lo) overflows: such values are drawn at that bound
+    xs, ys = np.clip(xs[finite], -_HUGE, _HUGE), np.clip(ys[finite], -_HUGE, _HUGE)
+    x_scale = _Scale(float(xs.min()), float(xs.max()), LEFT, LEFT + PLOT_W, False)
+    y_scale = _Scale(float(ys.min()), float(ys.max()), TOP + PLOT_H, TOP, log)
     out += _axes(x_scale, y_scale)
     for key, (x, y) in drawn.items():
         out.extend(_line(key, x_scale.place(x), y_scale.place(y)))
@@ -161,14 +168,16 @@ class _Scale:
     def place(self, values: np.ndarray) -> np.ndarray:
         with np.errstate(divide="ignore", invalid="ignore"):
             v = np.log10(values) if self.log else values
+            v = np.where(np.isfinite(v), np.clip(v, -_HUGE, _HUGE), np.nan)  # nan breaks the line
         return self.start + (v - self.lo) / (self.hi - self.lo) * (self.stop - self.start)
 
     def ticks(self) -> list[tuple[float, str]]:
         """(pixel, label) of each tick: decades on a log axis, round values otherwise."""
-        if self.log:
-            decades = range(math.ceil(self.lo), math.floor(self.hi) + 1)
-            return [(float(self.place(np.array([10.0 ** d]))[0]), tick_label(10.0 ** d))
-                    for d in decades]
+        if self.log:  # every decade, or every few when they are many
+            step = max(1, math.ceil((math.floor(self.hi) - math.ceil(self.lo) + 1) / MAX_TICKS))
+            decades = range(math.ceil(self.lo / step) * step, math.floor(self.hi) + 1, step)
+            values = [10.0 ** d for d in decades if -323 < d < 309]  # 0 and inf have no place
+            return [(float(self.place(np.array([v]))[0]), tick_label(v)) for v in values]
         return [(float(self.place(np.array([t]))[0]), tick_label(t))
                 for t in nice_ticks(self.lo, self.hi)]
 
