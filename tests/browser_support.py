@@ -157,7 +157,9 @@ def running_lab(base: Path, start_timeout_s: float = START_TIMEOUT_S) -> Iterato
     # expose_app_in_browser gives tests window.jupyterapp to run commands and read kernel state.
     argv = [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
             f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
-            "--ServerApp.port_retries=0", "--LabApp.expose_app_in_browser=True"]
+            "--ServerApp.port_retries=0", "--LabApp.expose_app_in_browser=True",
+            # kernels on Unix sockets: no TCP port to lose to a parallel test (kernel_support.py)
+            "--KernelManager.transport=ipc"]
     if os.geteuid() == 0:  # CI containers run as root
         argv.append("--allow-root")
     process = _start_detached(argv, log, env, root)

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import os
 import queue
-import sys
 import time
 import uuid
 
 import pytest
+from kernel_support import kernel_manager
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -37,11 +37,8 @@ class Kernel:
     """A kernel process and a blocking client that can also speak on a subshell."""
 
     def __init__(self, subshells: bool) -> None:
-        from jupyter_client.manager import KernelManager
-
-        self.km = KernelManager(kernel_name="python3")
+        self.km = kernel_manager()
         argv = self.km.kernel_spec.argv
-        argv[0] = sys.executable
         if not subshells:
             argv[1:3] = ["-m", "nosubshell_kernel"]
         self.km.start_kernel(env=dict(os.environ))

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from kernel_support import ipc_config
 from nbclient import NotebookClient
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -19,7 +20,7 @@ def execute(name: str, checks: str) -> tuple[dict, nbformat.NotebookNode]:
     """Run a notebook plus one cell printing ``checks`` (a dict expression) as JSON."""
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
     nb.cells.append(nbformat.v4.new_code_cell(f"import json\nprint({MARK!r} + json.dumps({checks}))"))
-    NotebookClient(nb, timeout=600, kernel_name="python3",
+    NotebookClient(nb, timeout=600, kernel_name="python3", config=ipc_config(),
                    resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
     for output in nb.cells[-1].outputs:
         if output.get("name") == "stdout" and MARK in output["text"]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import time
 
 import psutil
@@ -19,6 +18,7 @@ import pytest
 from phalanx.cluster._procs import wait_processes_gone
 
 from conftest import assert_all_gone
+from kernel_support import kernel_manager
 from test_reliability_helpers import (  # noqa: F401
     alive, descendants, figures, listening_sockets, shm_segments_of)
 
@@ -90,11 +90,8 @@ def test_twenty_start_run_stop_cycles_do_not_grow_the_kernel(figures):
 # --- a real kernel, killed ------------------------------------------------------------------------
 
 def _start_kernel(extra_env: dict | None = None):
-    from jupyter_client.manager import KernelManager
-
     env = {**os.environ, **(extra_env or {})}
-    km = KernelManager(kernel_name="python3")
-    km.kernel_spec.argv[0] = sys.executable  # this virtual environment's Python
+    km = kernel_manager()
     km.start_kernel(env=env)
     client = km.blocking_client()
     client.start_channels()
