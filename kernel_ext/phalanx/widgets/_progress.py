@@ -36,8 +36,12 @@ class ProgressPanel:
         self.widget = w.VBox([])
         # Every widget opens a comm, and so does each layout and style it creates for itself:
         # the rows share the ones no row changes (a row's own layout hides it; see show_ranks).
-        self._shared = {"label": w.Layout(width="4.5em"), "bar": w.Layout(width="40%"),
-                        "detail": w.Layout(), "text": HTMLStyle(), "progress": ProgressStyle()}
+        # The label and the bar keep their width (flex 0 0): a long detail line (step parts,
+        # memory) otherwise squeezes the label until "rank 0" wraps onto two lines.
+        self._shared = {"label": w.Layout(width="4.5em", flex="0 0 auto"),
+                        "bar": w.Layout(width="40%", flex="0 0 auto"),
+                        "detail": w.Layout(flex="1 1 auto"), "text": HTMLStyle(),
+                        "progress": ProgressStyle()}
         self.show_ranks(world_size)
         self.memory: dict[int, Mapping[str, Any]] = {}   # each rank's latest memory sample
         self.times: dict[int, Mapping[str, Any]] = {}    # each rank's time in collectives
