@@ -300,14 +300,23 @@ def _wait_current(page, name: str) -> None:
     page.wait_for_function(_IS_CURRENT, arg=name)
 
 
-def wait_for_kernel_idle(page, timeout_ms: int = 60_000) -> None:
+# The notebook a helper acts on: the one open at ``path``, else the current one.  A test with
+# two notebooks names them: shortly after a page load the other notebook can take the focus back
+# (JupyterLab's focus tracker), and a helper reading ``shell.currentWidget`` would then run or
+# read a cell of the wrong notebook.
+_NOTEBOOK = """const notebookAt = path => path
+    ? [...window.jupyterapp.shell.widgets('main')].find(w => w.context && w.context.path === path)
+    : window.jupyterapp.shell.currentWidget;"""
+
+
+def wait_for_kernel_idle(page, timeout_ms: int = 60_000, notebook: str | None = None) -> None:
     page.wait_for_function(
-        """() => {
-            const w = window.jupyterapp.shell.currentWidget;
+        "path => { " + _NOTEBOOK + """
+            const w = notebookAt(path);
             const kernel = w && w.sessionContext && w.sessionContext.session
                 && w.sessionContext.session.kernel;
             return kernel && kernel.status === 'idle' && kernel.connectionStatus === 'connected';
-        }""", timeout=timeout_ms)
+        }""", arg=notebook, timeout=timeout_ms)
 
 
 def execute_command(page, command: str, args: dict | None = None) -> None:
@@ -356,33 +365,53 @@ def _unfinished_cells(page) -> str:
                      for c in cells if not re.search(r"\[\d+\]", c["prompt"]))
 
 
-def run_cell(page, index: int, timeout_ms: int = 180_000) -> str:
-    """Run cell ``index`` of the current notebook as a person would; return its text output.
+def start_cell(page, index: int, notebook: str | None = None) -> None:
+    """Run cell ``index`` without waiting for it (a person keeps using the page).
+
+    With ``notebook``, the cell of that open notebook runs whichever notebook is current
+    (``semanticWidget`` names the notebook to JupyterLab's command; ``activate: false`` leaves
+    the focus where it is).
+    """
+    page.evaluate(
+        "([i, path]) => { " + _NOTEBOOK + """
+            const nb = notebookAt(path);
+            nb.content.activeCellIndex = i;
+            window.jupyterapp.commands.execute(
+                'notebook:run-cell', {semanticWidget: nb.id, activate: false}); }""",
+        [index, notebook])
+
+
+def run_cell(page, index: int, timeout_ms: int = 180_000, notebook: str | None = None) -> str:
+    """Run cell ``index`` of the current notebook (or of ``notebook``) as a person would;
+    return its text output.
 
     Waits until the cell has a new execution count and the kernel is idle again.  A cell that
     raised fails the test with the kernel's error, so a broken cell is not misread as a broken
     panel.
     """
-    before = page.evaluate(
-        "i => window.jupyterapp.shell.currentWidget.content.widgets[i].model.executionCount",
-        index)
-    page.evaluate(
-        """i => {
-            const nb = window.jupyterapp.shell.currentWidget;
-            nb.content.activeCellIndex = i;
-            window.jupyterapp.commands.execute('notebook:run-cell');
-        }""", index)
+    before = _cell_field(page, index, notebook, "executionCount")
+    start_cell(page, index, notebook)
     page.wait_for_function(
-        """([i, before]) => {
-            const nb = window.jupyterapp.shell.currentWidget;
+        "([i, before, path]) => { " + _NOTEBOOK + """
+            const nb = notebookAt(path);
             const count = nb.content.widgets[i].model.executionCount;
             const kernel = nb.sessionContext.session && nb.sessionContext.session.kernel;
             return count !== null && count !== before && kernel && kernel.status === 'idle';
-        }""", arg=[index, before], timeout=timeout_ms)
-    outputs = page.evaluate(
-        "i => window.jupyterapp.shell.currentWidget.content.widgets[i].model.outputs.toJSON()",
-        index)
-    return _output_text(outputs)
+        }""", arg=[index, before, notebook], timeout=timeout_ms)
+    return _output_text(cell_outputs(page, index, notebook))
+
+
+def cell_outputs(page, index: int, notebook: str | None = None) -> list[dict]:
+    """The outputs of cell ``index`` as nbformat JSON (of the current notebook or ``notebook``)."""
+    return _cell_field(page, index, notebook, "outputs")
+
+
+def _cell_field(page, index: int, notebook: str | None, field: str):
+    return page.evaluate(
+        "([i, path, field]) => { " + _NOTEBOOK + """
+            const model = notebookAt(path).content.widgets[i].model;
+            return field === 'outputs' ? model.outputs.toJSON() : model[field]; }""",
+        [index, notebook, field])
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -22,6 +22,7 @@ import time
 import pytest
 from browser_support import (  # noqa: F401  (fixtures)
     StepClock,
+    cell_outputs,
     lab_page,
     lab_server,
     open_notebook,
@@ -29,6 +30,7 @@ from browser_support import (  # noqa: F401  (fixtures)
     run_cell,
     screenshot,
     screenshot_on_failure,
+    start_cell,
     training_loop,
     wait_for_kernel_idle,
     write_notebook,
@@ -62,20 +64,6 @@ def _rank_step(page, rank: int) -> int:
     return page.evaluate(
         """r => { const e = document.querySelector(`#phalanx .jp-Phalanx-rank[data-rank='${r}']`);
                   return e ? Number(e.dataset.step) : -1; }""", rank)
-
-
-def _start_cell(page, index: int) -> None:
-    """Run a cell without waiting for it (a person keeps using the page)."""
-    page.evaluate(
-        """i => { const nb = window.jupyterapp.shell.currentWidget;
-                  nb.content.activeCellIndex = i;
-                  window.jupyterapp.commands.execute('notebook:run-cell'); }""", index)
-
-
-def _cell_outputs(page, index: int) -> list[dict]:
-    return page.evaluate(
-        "i => window.jupyterapp.shell.currentWidget.content.widgets[i].model.outputs.toJSON()",
-        index)
 
 
 def _wait_rank_step(page, rank: int, at_least: int, timeout_ms: int = 120_000) -> None:
@@ -117,7 +105,7 @@ def test_reload_scale_and_stop_during_runs(lab_server, lab_page):
 
 def _reload_mid_run(page) -> None:
     """Reload a while into the run: job, ranks and rows come back within 2 s."""
-    _start_cell(page, ELASTIC)
+    start_cell(page, ELASTIC)
     _wait_rank_step(page, 0, RELOAD_AT)
     page.reload()
     page.wait_for_function("() => window.jupyterapp")
@@ -169,7 +157,7 @@ def _stop_from_panel(page, panel) -> float:
 
 def _queued_scale_and_stop(page, panel) -> None:
     """− on a fixed-size run is queued and shown; Stop ends it; the scale follows."""
-    _start_cell(page, FIXED)
+    start_cell(page, FIXED)
     _status(panel).filter(has_text="busy · fixed-run").wait_for(timeout=60_000)
     _wait_rank_step(page, 0, 5)
     panel.get_by_role("button", name="scale down").click()
@@ -182,7 +170,7 @@ def _queued_scale_and_stop(page, panel) -> None:
         """i => JSON.stringify(window.jupyterapp.shell.currentWidget.content.widgets[i]
                               .model.outputs.toJSON()).includes('was stopped')""",
         arg=FIXED, timeout=30_000)
-    outputs = _cell_outputs(page, FIXED)
+    outputs = cell_outputs(page, FIXED)
     said = "".join("".join(o.get("text", "")) for o in outputs if o.get("output_type") == "stream")
     assert "fixed-run was stopped (Stop in the phalanx panel)" in said, outputs
     assert not [o for o in outputs if o.get("output_type") == "error"]  # next cells not aborted

@@ -20,11 +20,11 @@ from browser_support import (  # noqa: F401  (fixtures)
     open_panel,
     run_cell,
     screenshot_on_failure,
+    start_cell,
     training_loop,
     wait_for_kernel_idle,
     write_notebook,
 )
-from test_live_browser import _start_cell
 from test_panel_browser import _status
 
 pytestmark = [pytest.mark.browser, pytest.mark.cluster, pytest.mark.slow]
@@ -78,46 +78,65 @@ def _shows(page, panel, notebook: str, run: str, timeout_s: float = 60) -> None:
 _CURRENT_PATH = "() => window.jupyterapp.shell.currentWidget.context.path"
 
 
-@pytest.mark.skip(reason="flaky in CI: after the reload the other notebook takes the focus back "
-                         "between the test's steps, so a cell runs in the wrong notebook; the "
-                         "test must address notebooks by path, not shell.currentWidget")
 @pytest.mark.timeout(900)
 def test_each_panel_follows_its_own_kernels_run(lab_server, lab_page):
     page, step = lab_page, StepClock()
     for name, run in (("a.ipynb", "run-a"), ("b.ipynb", "run-b")):
         write_notebook(lab_server.root / name, _cells(run))
+    # Cells are run and read in the notebook named, not in the current one: after the reload
+    # either notebook can take the focus back between two steps of the test.
     with screenshot_on_failure(page, "phalanx-two-kernels-failure.png"):
         open_notebook(page, lab_server, "a.ipynb")
         panel = open_panel(page)
-        run_cell(page, START, timeout_ms=CLUSTER_TIMEOUT_MS)
+        run_cell(page, START, timeout_ms=CLUSTER_TIMEOUT_MS, notebook="a.ipynb")
         _switch_to(page, "b.ipynb")
-        wait_for_kernel_idle(page)
-        run_cell(page, START, timeout_ms=CLUSTER_TIMEOUT_MS)
+        wait_for_kernel_idle(page, notebook="b.ipynb")
+        run_cell(page, START, timeout_ms=CLUSTER_TIMEOUT_MS, notebook="b.ipynb")
         step("two kernels, two clusters")
-        _start_cell(page, RUN)
+        start_cell(page, RUN, notebook="b.ipynb")
         _shows(page, panel, "b.ipynb", "run-b")
-        _switch_to(page, "a.ipynb")
-        _start_cell(page, RUN)
+        start_cell(page, RUN, notebook="a.ipynb")
         _shows(page, panel, "a.ipynb", "run-a")
         _shows(page, panel, "b.ipynb", "run-b")
         step("both train; the panel shows each kernel's run")
         page.reload()
         page.wait_for_function("() => window.jupyterapp")
         page.evaluate("() => window.jupyterapp.restored.then(() => true)")
-        _switch_to(page, "a.ipynb")
         panel = open_panel(page)
         _shows(page, panel, "a.ipynb", "run-a")
         _shows(page, panel, "b.ipynb", "run-b")
         step("after a reload, each kernel's run again")
-        panel.get_by_role("button", name="stop run").click()  # b's run only
-        wait_for_kernel_idle(page)
-        assert run_cell(page, FACTS).split() == ["run-b", "interrupted"]
-        _shows(page, panel, "a.ipynb", "run-a")  # a still trains
-        panel.get_by_role("button", name="stop run").click()
-        wait_for_kernel_idle(page)
-        assert run_cell(page, FACTS).split() == ["run-a", "interrupted"]
+        _stop_from_panel(page, panel, "b.ipynb", "run-b")
+        wait_for_kernel_idle(page, notebook="b.ipynb")
+        assert run_cell(page, FACTS, notebook="b.ipynb").split() == ["run-b", "interrupted"]
+        _stop_from_panel(page, panel, "a.ipynb", "run-a")  # a trained on meanwhile
+        wait_for_kernel_idle(page, notebook="a.ipynb")
+        assert run_cell(page, FACTS, notebook="a.ipynb").split() == ["run-a", "interrupted"]
         step("each stopped from its own panel view")
-        run_cell(page, STOP)
-        _switch_to(page, "b.ipynb")
-        wait_for_kernel_idle(page)
-        run_cell(page, STOP)
+        run_cell(page, STOP, notebook="a.ipynb")
+        run_cell(page, STOP, notebook="b.ipynb")
+
+
+def _stop_from_panel(page, panel, notebook: str, run: str, timeout_s: float = 60) -> None:
+    """Press the panel's Stop run while it shows ``run``.
+
+    The check and the press are one step in the page: the focus cannot move to the other
+    notebook between them, so the press is sure to reach the run the panel showed.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        _shows(page, panel, notebook, run)
+        if page.evaluate(_PRESS_STOP_IF_SHOWN, run):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the panel's Stop run could not be pressed on {run}")
+
+
+_PRESS_STOP_IF_SHOWN = """run => {
+    const panel = document.querySelector('#phalanx');
+    const status = panel.querySelector('.jp-Phalanx-status');
+    const stop = panel.querySelector('.jp-Phalanx-stopRun');
+    if (!status || status.textContent !== `busy · ${run}` || !stop || stop.disabled) return false;
+    stop.click();
+    return true;
+}"""

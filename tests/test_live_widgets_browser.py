@@ -32,12 +32,12 @@ from browser_support import (  # noqa: F401  (fixtures)
     run_cell,
     screenshot,
     screenshot_on_failure,
+    start_cell,
     training_loop,
     wait_for_kernel_idle,
     write_notebook,
 )
 from conftest import held_until
-from test_live_browser import _start_cell
 
 pytestmark = [pytest.mark.browser, pytest.mark.cluster, pytest.mark.slow]
 
@@ -124,7 +124,7 @@ def test_widgets_act_during_runs_and_background_run(lab_server, lab_page):
 
 def _widget_plus_grows_elastic_run(page, widget) -> None:
     """+ under ``%cluster`` during an elastic run: 3 engines and 3 ranks while it still runs."""
-    _start_cell(page, ELASTIC)
+    start_cell(page, ELASTIC)
     _wait_trains(page, ELASTIC)
     widget.locator("button", has_text="+").click()
     widget.get_by_text("cluster: 3 engine(s)").wait_for(timeout=CLUSTER_TIMEOUT_MS)
@@ -156,7 +156,7 @@ def _stop_under_cell(page, cell: int, name: str) -> float:
 
 def _widget_minus_queued_on_fixed_run(page, widget) -> None:
     """− during a fixed-size run is queued and said in the widget; applied after the stop."""
-    _start_cell(page, FIXED)
+    start_cell(page, FIXED)
     _wait_trains(page, FIXED)
     widget.locator("button", has_text="−").click()
     widget.get_by_text("scale to 2 after fixed-run").wait_for(timeout=30_000)
