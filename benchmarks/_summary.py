@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, Callable
 
 # (section name, script) in the order they run and appear in the table.
@@ -232,13 +233,23 @@ def summarize(sections: dict[str, dict]) -> list[dict]:
     return rows
 
 
+def _shown(value: float, row: dict) -> str:
+    """Three significant digits; four where three would round a missed target onto it
+    (0.9696 against ">= 0.97x" would read "0.97 ... no")."""
+    short = f"{value:.3g}"
+    bound = re.search(r"[\d.]+", row["target"] or "")
+    if row["met"] is False and bound and float(short) == float(bound.group()):
+        return f"{value:.4g}"
+    return short
+
+
 def render_markdown(machine: dict, rows: list[dict]) -> str:
     head = (f"Measured on `{machine.get('kind')}`: {machine.get('cpu', '?')}, {machine.get('cores')} cores, "
             f"{machine.get('memory_gib', '?')} GiB, torch {machine.get('torch', '?')}"
             + (f", {machine['gpu']}" if machine.get("gpu") else "") + ". Medians of at least 5 runs.\n\n")
     lines = ["| section | measure | ratio | target | met | detail |", "|---|---|---|---|---|---|"]
     for r in rows:
-        value = "" if r["value"] is None else f"{r['value']:.3g}"
+        value = "" if r["value"] is None else _shown(r["value"], r)
         met = {True: "yes", False: "**no**", None: "-"}[r["met"]]
         lines.append(f"| {r['section']} | {r['name']} | {value} | {r['target']} | {met} | {r['detail']} |")
     return head + "\n".join(lines)

@@ -74,8 +74,14 @@ def _as_field(spec: Spec) -> Field:
     if isinstance(spec, Field):
         return spec
     if isinstance(spec, str):
-        return Field(spec.rstrip("?"), optional=spec.endswith("?"))
+        field = _STRING_FIELDS.get(spec)
+        if field is None:  # a few dozen spellings: made once, not at every field of every event
+            field = _STRING_FIELDS[spec] = Field(spec.rstrip("?"), optional=spec.endswith("?"))
+        return field
     return Field("object", fields=spec)
+
+
+_STRING_FIELDS: dict[str, Field] = {}
 
 
 def _check_value(field: Field, value: Any, where: str, name: str,
