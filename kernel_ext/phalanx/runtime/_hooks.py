@@ -47,6 +47,11 @@ class StepHooks:
         self._orig_init: Callable | None = None
         self._primary: int | None = None
         self.grads = run.grad_sync = GradientSync(run, run.join)
+        # The hooks run at every optimizer step: what they need is looked up once, here and at
+        # attach (measured: 8 us a step of hook time on one rank before, a step of the
+        # benchmarks' small MLP being about 0.9 ms).
+        self._clock = getattr(run.metrics, "clock", None)
+        self._skip: set[int] = set()  # optimizers whose strategy does nothing here
 
     def _skipped(self, strategy: Any) -> bool:
         """On one rank a strategy that says it is the identity there costs nothing."""
@@ -92,47 +97,45 @@ class StepHooks:
         strategy.start(params)
         self.run.strategies[key] = strategy
         self.run.tracked.append((strategy, lambda o=optimizer: _optimizer_params(o)))
-        if strategy.averages_gradients and not self._skipped(strategy):
+        if self._skipped(strategy):
+            self._skip.add(key)
+        elif strategy.averages_gradients:
             self.grads.track(optimizer, strategy)
         if self._primary is None:
             self._primary = key
-            _clock(self.run, "begin")  # the first step's time starts once there is an optimizer
+            if self._clock is not None:  # the first step's time starts once there is an optimizer
+                self._clock.begin()
 
     def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        _clock(self.run, "mark", "optimizer_s")
-        if id(optimizer) not in self.run.strategies:
+        if self._clock is not None:
+            self._clock.mark("optimizer_s")
+        key = id(optimizer)
+        if key not in self.run.strategies:
             self.attach(optimizer)  # created outside the hooks' reach
-        strategy = self.run.strategies[id(optimizer)]
-        if self._skipped(strategy):
+        if key in self._skip:
             return
         self.grads.check_closed()
         self.grads.refresh()  # add_param_group, requires_grad switched on
-        strategy.before_step(_optimizer_params(optimizer), self.run.steps)
+        self.run.strategies[key].before_step(_optimizer_params(optimizer), self.run.steps)
 
     def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        run = self.run
-        strategy = run.strategies[id(optimizer)]
-        if not self._skipped(strategy):
+        run, key = self.run, id(optimizer)
+        if key not in self._skip:
+            strategy = run.strategies[key]
             params = _optimizer_params(optimizer)
             # Strategies take the 0-based index of the step just taken (as before_step saw it).
             if strategy.after_step_communicates(params, run.steps):
                 run.join.round(after_step_kind(run, strategy), run.steps, run.steps)
             strategy.after_step(params, run.steps)
-        if id(optimizer) == self._primary:
+        if key == self._primary:
             self.grads.step_ended()
             run.steps += 1
             if run.metrics is not None:
                 run.metrics.set_step(run.steps)
-            _clock(run, "step_end")
-        else:
-            _clock(run, "mark", "other_s")
-
-
-def _clock(run: RunContext, method: str, *args: str) -> None:
-    """Move the run's step clock on (``runtime/_timing.py``), where the run has one."""
-    clock = getattr(run.metrics, "clock", None)
-    if clock is not None:
-        getattr(clock, method)(*args)
+            if self._clock is not None:
+                self._clock.step_end()
+        elif self._clock is not None:
+            self._clock.mark("other_s")
 
 
 def after_step_kind(run: RunContext, strategy: Any) -> int:
