@@ -36,6 +36,17 @@ def stats(samples: list[float]) -> dict[str, Any]:
             "runs": len(samples), "samples": samples}
 
 
+def engine_steps_per_s(record: Any) -> float:
+    """A run's loop rate on the engines: optimizer steps per second between each rank's first
+    and last logged step (engine timestamps), averaged over ranks."""
+    rows = record.history.rows()
+    rates = []
+    for rank in range(record.world_size):
+        times = sorted(r["t"] for r in rows if r["rank"] == rank)
+        rates.append((len(times) - 1) / (times[-1] - times[0]))
+    return statistics.mean(rates)
+
+
 def timed(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1) -> dict[str, Any]:
     """Wall time of ``fn`` over ``repeats`` runs after ``warmup`` unmeasured ones."""
     for _ in range(warmup):

@@ -15,6 +15,7 @@ SECTIONS = [
     ("network", "bench_network.py"),
     ("cluster_start", "bench_start.py"),
     ("inside", "bench_inside.py"),
+    ("guard", "bench_guard.py"),
     ("live", "bench_live.py"),
     ("step_parts", "bench_step_parts.py"),
     ("gpu", "bench_gpu.py"),  # records "skipped" where there is no CUDA device

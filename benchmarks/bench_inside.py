@@ -21,7 +21,7 @@ import os
 import statistics
 import tempfile
 
-from _common import machine, parse_args, save, stats
+from _common import engine_steps_per_s, machine, parse_args, save, stats
 from phalanx._session import Session
 from phalanx.fit import FitOptions
 
@@ -52,14 +52,13 @@ def one_run(session: Session, steps: int, sampling: bool, profile: int | None = 
     with contextlib.redirect_stdout(io.StringIO()):
         record = session.distributed_fit(BODY, opts, {"STEPS": steps})
     rows = record.history.rows()
-    rates, profiled, plain = [], [], []
+    profiled, plain = [], []
     for rank in range(record.world_size):
         times = sorted(r["t"] for r in rows if r["rank"] == rank)
-        rates.append((len(times) - 1) / (times[-1] - times[0]))
         gaps = [b - a for a, b in zip(times, times[1:])]  # gap i ends at step i + 2
         profiled += gaps[:PROFILED - 1]                  # steps 2..5 ran under the profiler
         plain += gaps[PROFILED + 1:]                     # from step 7 on it had stopped
-    out = {"steps_per_s_per_rank": statistics.mean(rates), "wall_s": record.wall_s,
+    out = {"steps_per_s_per_rank": engine_steps_per_s(record), "wall_s": record.wall_s,
            "peak_rss_mb": {r: m.get("rss_mb") for r, m in record.memory.items()}}
     if record.profile is not None:
         out.update(trace_bytes=os.path.getsize(record.profile.path),

@@ -20,7 +20,7 @@ import io
 import os
 import statistics
 
-from _common import RESULTS, machine, parse_args, save, stats
+from _common import RESULTS, engine_steps_per_s, machine, parse_args, save, stats
 from phalanx._session import Session
 from phalanx.fit import FitOptions
 
@@ -43,12 +43,7 @@ def one_run(session: Session, steps: int, parts_on: bool) -> float:
     if parts_on != bool(record.timing.get(0, {}).get("steps")):
         raise RuntimeError(f"the breakdown was {'off' if parts_on else 'on'} in a run meant "
                            f"to have it {'on' if parts_on else 'off'}")
-    rows = record.history.rows()
-    rates = []
-    for rank in range(record.world_size):
-        times = sorted(r["t"] for r in rows if r["rank"] == rank)
-        rates.append((len(times) - 1) / (times[-1] - times[0]))
-    return statistics.mean(rates)
+    return engine_steps_per_s(record)
 
 
 def paired(session: Session, steps: int, pairs: int) -> dict:

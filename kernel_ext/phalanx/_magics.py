@@ -148,6 +148,9 @@ class PhalanxMagics(Magics):
     @argument("--overlap", default="auto",
               help="auto | on | off: average full gradient buckets while backward still runs "
                    "(auto: where the ranks span several hosts)")
+    @argument("--check-every", type=int, default=100, metavar="K",
+              help="check every K optimizer steps, and at the end, that the ranks hold one "
+                   "model (0: only at the end)")
     @argument("--background", action="store_true",
               help="return at once with a run handle (run.wait(), run.stop(), run.status)")
     @line_cell_magic
@@ -166,7 +169,8 @@ class PhalanxMagics(Magics):
                                     checkpoint_dir=args.checkpoint_dir, resume=args.resume,
                                     max_restarts=args.max_restarts, uneven=args.uneven,
                                     keep_history=args.keep_history, profile=args.profile,
-                                    bucket_mb=args.bucket_mb, overlap=args.overlap)
+                                    bucket_mb=args.bucket_mb, overlap=args.overlap,
+                                    check_every=args.check_every)
             if args.background:
                 from ._background import report_end, run_in_background
 

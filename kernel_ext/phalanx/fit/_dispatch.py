@@ -7,9 +7,11 @@ with nothing started.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from ..runtime._graph_pickle import GraphPacker
 from ._options import FitOptions, FitUsageError
 from ._shipping import check_same_rows, content_hash, pack, resolve_names, split_rows
 from ._strategy import notebook_strategy
@@ -26,6 +28,7 @@ class Prepared:
     shard_blobs: list[dict[str, bytes]]  # per rank: each shard's part, pickled
     data_manifest: dict[str, dict] = field(default_factory=dict)
     strategy: str | None = None   # the shipped notebook name --sync refers to, if it is one
+    memos: dict[str, dict] = field(default_factory=dict)  # what each name's pickle holds
 
 
 def describe(value: Any) -> dict:
@@ -52,7 +55,11 @@ def prepare(body: str, opts: FitOptions, user_ns: Mapping[str, Any], world_size:
     shards = {s: user_ns[s] for s in opts.shard}
     check_same_rows(shards)
     parts = {s: split_rows(s, v, world_size) for s, v in shards.items()}
-    blobs = {name: pack(name, value) for name, value in shipped.items()}
+    # One packer for all names, in the order the engines load them (sorted): what names share
+    # in the notebook they share on the engines (see runtime/_graph_pickle)
+    packer = GraphPacker(user_ns, bound=set(shipped) | set(opts.shard) | set(INJECTED))
+    blobs = {name: pack(name, shipped[name], functools.partial(packer.pack, name))
+             for name in sorted(shipped)}
     hashes = {name: content_hash(blob) for name, blob in blobs.items()}
     # Each rank's part of each shard is pickled once, for both its rank and the shard's hash: a
     # large dataset is not serialised again for checking, sending and hashing.
@@ -63,7 +70,7 @@ def prepare(body: str, opts: FitOptions, user_ns: Mapping[str, Any], world_size:
     for s, value in shards.items():
         data[s] = {**describe(value), "hash": content_hash(*part_blobs[s]),
                    "sharded": True}
-    return Prepared(blobs, hashes, shard_blobs, data, strategy)
+    return Prepared(blobs, hashes, shard_blobs, data, strategy, packer.memos)
 
 
 def choose_backend(opts: FitOptions, slots: list, launcher: str) -> str:

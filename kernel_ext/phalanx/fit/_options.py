@@ -61,6 +61,7 @@ class FitOptions:
     profile: int | None = None       # --profile STEPS: record that many optimizer steps per rank
     bucket_mb: float = 25.0          # --bucket-mb: gradient bucket size (DDP's bucket_cap_mb)
     overlap: str = "auto"            # --overlap: average full buckets while backward runs
+    check_every: int = 100           # --check-every: steps between checks that ranks agree
     extra: dict = field(default_factory=dict)
 
     @classmethod
@@ -71,7 +72,8 @@ class FitOptions:
               widget: bool = True, checkpoint_every: Any = None, checkpoint_dir: str | None = None,
               resume: bool = False, max_restarts: Any = 0, uneven: str = "join",
               keep_history: str | None = None, profile: Any = None,
-              bucket_mb: Any = 25.0, overlap: str = "auto") -> "FitOptions":
+              bucket_mb: Any = 25.0, overlap: str = "auto",
+              check_every: Any = 100) -> "FitOptions":
         """Check every flag and return the options, or raise :class:`FitUsageError`."""
         # A plain name may be a notebook class: the runner checks it against the notebook.
         if sync not in STRATEGIES and not (_IDENT.match(sync or "") or _DOTTED.match(sync or "")):
@@ -101,6 +103,9 @@ class FitOptions:
         if not float(bucket_mb) > 0:
             raise FitUsageError(f"--bucket-mb must be a positive size in megabytes, got {bucket_mb} "
                                 "(25, as in DDP, suits most models)")
+        if isinstance(check_every, bool) or not isinstance(check_every, int) or check_every < 0:
+            raise FitUsageError(f"--check-every takes a whole number of steps >= 0 (0: check "
+                                f"that the ranks agree only at the end), got {check_every!r}")
         shard_names, return_names = _names(shard, "--shard"), _names(returns, "--return")
         return cls(n=None if n is None else int(n), sync=sync, every=int(every), alpha=float(alpha),
                    backend=backend, shard=shard_names, returns=return_names,
@@ -113,7 +118,7 @@ class FitOptions:
                    max_restarts=int(max_restarts), uneven=uneven,
                    keep_history=_keep_dir(keep_history),
                    profile=None if profile is None else int(profile), bucket_mb=float(bucket_mb),
-                   overlap=overlap)
+                   overlap=overlap, check_every=check_every)
 
     @property
     def checkpointed(self) -> bool:

@@ -196,9 +196,10 @@ class FitRunner:
         if status == "done":
             blob = results[0].returns
             if blob is not None:
-                import cloudpickle
+                from ..runtime._graph_pickle import loads_returns
 
-                job.user_ns.update(cloudpickle.loads(blob))
+                # the notebook's own objects, with their trained state (see _graph_pickle)
+                job.user_ns.update(loads_returns(blob, prepared.memos))
         return record
 
     # --- preparation ------------------------------------------------------------------------
@@ -251,7 +252,8 @@ class FitRunner:
                         alpha=opts.alpha, seed=opts.seed, returns=tuple(opts.returns),
                         checkpoint=checkpoint, uneven=opts.uneven, shard=tuple(opts.shard),
                         memory_interval_s=self.memory_interval_s, profile=opts.profile,
-                        bucket_bytes=max(1, int(opts.bucket_mb * 2**20)), overlap=opts.overlap)
+                        bucket_bytes=max(1, int(opts.bucket_mb * 2**20)), overlap=opts.overlap,
+                        check_every=opts.check_every)
                 for r in range(len(slots))]
 
 

@@ -1,7 +1,8 @@
 """What a cell needs from the notebook, checked and packed before anything is sent.
 
 * :func:`resolve_names` finds the notebook names the cell body reads (functions, classes,
-  models, tensors, arrays, scalars) and raises ``NameError`` for one that exists nowhere;
+  models, tensors, arrays, scalars), by Python's scoping rules (:mod:`._scope`), and raises
+  ``NameError`` for one that exists nowhere;
 * :func:`pack` pickles each with cloudpickle (notebook-defined code by value) and, when that
   fails, names the attribute path of the part that cannot be pickled;
 * :func:`split_rows` cuts ``--shard`` objects by rows so each rank receives only its own part.
@@ -14,11 +15,12 @@ Example::
 
 from __future__ import annotations
 
-import ast
 import builtins
 import hashlib
 import warnings
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
+
+from ._scope import notebook_reads
 
 LARGE_OBJECT_BYTES = 100 * 2**20
 
@@ -34,37 +36,21 @@ class ShippingWarning(UserWarning):
     """An object is large enough to make every run slow to start."""
 
 
-def _names_in(body: str) -> tuple[set[str], set[str]]:
-    """(names read, names bound anywhere in the body)."""
-    tree = ast.parse(body)
-    loads: set[str] = set()
-    stores: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name):
-            (loads if isinstance(node.ctx, ast.Load) else stores).add(node.id)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            stores.add(node.name)
-        elif isinstance(node, ast.arg):
-            stores.add(node.arg)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            stores.update((a.asname or a.name).split(".")[0] for a in node.names)
-        elif isinstance(node, ast.ExceptHandler) and node.name:
-            stores.add(node.name)
-        elif isinstance(node, (ast.Global, ast.Nonlocal)):
-            stores.update(node.names)
-    return loads, stores
-
-
 def resolve_names(body: str, user_ns: Mapping[str, Any], injected: Iterable[str] = ()) -> dict[str, Any]:
-    """The notebook objects the body reads, by name; ``NameError`` for a name defined nowhere."""
-    loads, stores = _names_in(body)
+    """The notebook objects the body reads, by name; ``NameError`` for a name defined nowhere.
+
+    A name counts as read only where the cell has not bound it yet (:mod:`._scope`): a cell that
+    re-opens ``f`` or re-imports ``cudnn`` before using it does not ship the notebook's.  A name
+    the cell binds somewhere (later, or in one branch only) is not missing.
+    """
+    reads, binds = notebook_reads(body)
     injected = set(injected)
     shipped: dict[str, Any] = {}
     missing = []
-    for name in sorted(loads - injected):
+    for name in sorted(reads - injected):
         if name in user_ns and name not in _IPYTHON_NAMES and not name.startswith("_i"):
             shipped[name] = user_ns[name]
-        elif name not in stores and not hasattr(builtins, name) and name not in _IPYTHON_NAMES:
+        elif name not in binds and not hasattr(builtins, name) and name not in _IPYTHON_NAMES:
             missing.append(name)
     if missing:
         raise NameError(f"the cell uses {', '.join(repr(m) for m in missing)}, which "
@@ -81,11 +67,13 @@ def content_hash(*blobs: bytes) -> str:
     return digest.hexdigest()
 
 
-def pack(name: str, value: Any) -> bytes:
-    """cloudpickle ``value`` (tensors the fast way: ``runtime/_tensor_pickle``); a
-    :class:`ShippingError` names the part that cannot be pickled."""
-    from ..runtime._tensor_pickle import dumps
+def pack(name: str, value: Any, dumps: Callable[[Any], bytes] | None = None) -> bytes:
+    """cloudpickle ``value`` (tensors the fast way: ``runtime/_tensor_pickle``; ``dumps``: the
+    pickler to use instead); a :class:`ShippingError` names the part that cannot be pickled."""
+    if dumps is None:
+        from ..runtime._tensor_pickle import dumps as tensor_dumps
 
+        dumps = tensor_dumps
     try:
         blob = dumps(value)
     except Exception as exc:

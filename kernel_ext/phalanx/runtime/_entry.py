@@ -9,6 +9,7 @@ failing rank from a dead one and report each precisely.
 
 from __future__ import annotations
 
+import contextlib
 import linecache
 import logging
 import os
@@ -17,8 +18,9 @@ import sys
 import time
 import traceback
 from dataclasses import replace
-from typing import Any
+from typing import Any, Iterator
 
+from ._agreement import check_run_agreement
 from ._hooks import finish_uneven
 from ._interrupts import InterruptGate
 from ._memory import collect_cuda_garbage
@@ -68,16 +70,16 @@ def run_cell(spec: RunSpec, shard_blobs: dict[str, bytes] | None,
 
 
 def _run_cell(spec: RunSpec, shard_blobs: dict[str, bytes] | None, gate: InterruptGate) -> RankResult:
-    from ._tensor_pickle import dumps as tensor_dumps
-
     started = time.time()
     state = engine_state()
     run = None
     hooks = None
     profiler = None
     namespace = None
+    main = sent = None
     try:
-        namespace = _namespace(spec, shard_blobs)
+        main, sent = _namespace(spec, shard_blobs)
+        namespace = main.__dict__
         group = _ensure_group(state, spec)
         share_cores(group.spec.hosts, spec.rank)
         run = _new_run(spec, group, namespace)
@@ -89,16 +91,18 @@ def _run_cell(spec: RunSpec, shard_blobs: dict[str, bytes] | None, gate: Interru
         hooks = _install_hooks(run, namespace)
         code = _compile(spec.body)
         profiler = _start_profiler(spec.profile, run.device)
-        exec(code, namespace)
+        with _as_main(main):
+            exec(code, namespace)
         finish_uneven(run)  # ranks that still train get answers until every rank is done
         for strategy, params_fn in run.tracked:
             strategy.finish(params_fn())
+        check_run_agreement(run, "at the end of the run")
         gate.close()  # no collective is left: an interrupt now could only lose the result
         _cleanup(run, hooks)
         hooks = None
         payload = _returns(spec, namespace)
         return RankResult(Outcome.OK, steps=run.steps, wall_s=time.time() - started,
-                          returns=tensor_dumps(payload) if payload is not None else None,
+                          returns=_dump_returns(payload, sent) if payload is not None else None,
                           profile=profiler.result() if profiler is not None else None,
                           **_progress(run))
     except StopForResize as stop:  # every rank stops at the same commit: nothing to release
@@ -134,7 +138,7 @@ def _run_cell(spec: RunSpec, shard_blobs: dict[str, bytes] | None, gate: Interru
         # Python's cycle collector ran: drop our references and collect now where it matters.
         if run is not None:
             run.namespace, run.tracked, run.strategies, run.grad_sync = {}, [], {}, None
-        run = hooks = profiler = namespace = None
+        run = hooks = profiler = namespace = main = sent = None
         _shielded(collect_cuda_garbage)
 
 
@@ -170,18 +174,73 @@ def _shielded(fn: Any, *args: Any) -> None:
             return
 
 
-def _namespace(spec: RunSpec, shard_blobs: dict[str, bytes] | None) -> dict:
+def _namespace(spec: RunSpec, shard_blobs: dict[str, bytes] | None) -> tuple[Any, dict]:
+    """The run's ``__main__`` module (see :func:`_as_main`): the shipped names rebuilt in its
+    dict as one object graph (:mod:`._graph_pickle`), then this rank's shards; and where each
+    shipped object came from (for ``--return``)."""
+    import types
+
     import cloudpickle
 
+    from ._graph_pickle import load_names
+
     cache = engine_state().cache
-    namespace: dict[str, Any] = {"__name__": "__phalanx_cell__", "__builtins__": __builtins__}
-    for name in spec.names:
-        if name not in cache:
-            raise RuntimeError(f"shipped object {name!r} is missing on this engine; re-run the cell")
-        namespace[name] = cloudpickle.loads(cache[name][1])
+    missing = [name for name in spec.names if name not in cache]
+    if missing:
+        raise RuntimeError(f"shipped object {missing[0]!r} is missing on this engine; re-run the cell")
+    module = types.ModuleType("__main__")
+    namespace = module.__dict__
+    namespace["__builtins__"] = __builtins__
+    memos = load_names(spec.names, {name: cache[name][1] for name in spec.names}, namespace)
+    _track_scheduled_steps(memos)
     for name, part in (shard_blobs or {}).items():
         namespace[name] = cloudpickle.loads(part)
-    return namespace
+    return module, memos
+
+
+def _track_scheduled_steps(memos: dict) -> None:
+    """An optimizer's ``step`` as its LR scheduler wrapped it (torch counts the optimizer's
+    steps there, and the wrapper does not survive pickling): without it every scheduler built
+    in an earlier cell would warn that ``optimizer.step()`` was overridden."""
+    import functools
+    import weakref
+
+    schedulers = sys.modules.get("torch.optim.lr_scheduler")
+    if schedulers is None:
+        return
+    for memo in memos.values():
+        for obj in memo.values():
+            if not isinstance(obj, schedulers.LRScheduler):
+                continue
+            optimizer = obj.optimizer
+            if hasattr(optimizer.step, "_wrapped_by_lr_sched"):
+                continue
+            func, ref = optimizer.step.__func__, weakref.ref(optimizer)
+
+            def counted(*args: Any, _func: Any = func, _ref: Any = ref, **kwargs: Any) -> Any:
+                opt = _ref()
+                opt._opt_called = True
+                return _func.__get__(opt, type(opt))(*args, **kwargs)
+
+            counted = functools.wraps(func)(counted)
+            counted._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+            optimizer.step = counted
+
+
+@contextlib.contextmanager
+def _as_main(module: Any) -> Iterator[None]:
+    """While the cell runs, its module is the process's ``__main__``, as the notebook's is in
+    the kernel: ``__name__ == "__main__"`` holds, and a class or function the notebook defined
+    is found as ``__main__.Net`` by plain pickle (``torch.save(model)``, DataLoader workers)."""
+    previous = sys.modules.get("__main__")
+    sys.modules["__main__"] = module
+    try:
+        yield
+    finally:
+        if previous is not None:
+            sys.modules["__main__"] = previous
+        else:
+            sys.modules.pop("__main__", None)
 
 
 def _ensure_group(state: Any, spec: RunSpec) -> Any:
@@ -209,7 +268,8 @@ def _new_run(spec: RunSpec, group: Any, namespace: dict) -> RunContext:
     strategy = namespace[spec.sync] if spec.sync_from_notebook else spec.sync
     run = RunContext(run_id=spec.run_id, rank=spec.rank, world_size=spec.world_size,
                      device=_device(spec), strategy_spec=strategy, every=spec.every,
-                     alpha=spec.alpha, bucket_bytes=spec.bucket_bytes, overlap=spec.overlap)
+                     alpha=spec.alpha, bucket_bytes=spec.bucket_bytes, overlap=spec.overlap,
+                     check_every=spec.check_every)
     run.collectives = Collectives(group)
     run.bytes_at_start = run.collectives.bytes_sent
     run.join = JoinControl(run.collectives, spec.uneven, _shard_rows(namespace, spec))
@@ -291,6 +351,14 @@ def _returns(spec: RunSpec, namespace: dict) -> dict | None:
         value = namespace[name]
         out[name] = getattr(value, "module", value) if _is_ddp(value) else value
     return out
+
+
+def _dump_returns(payload: dict, sent: dict) -> bytes:
+    """What rank 0 returns; objects the notebook sent go back as the notebook's own, with their
+    new state (see :mod:`._graph_pickle`)."""
+    from ._graph_pickle import dumps_returns, origins
+
+    return dumps_returns(payload, origins(sent))
 
 
 def _is_ddp(value: Any) -> bool:

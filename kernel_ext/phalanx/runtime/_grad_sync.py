@@ -77,6 +77,7 @@ class GradientSync:
     def __init__(self, run: Any, join: JoinControl) -> None:
         self.run, self.join = run, join
         self._groups: list[tuple[Any, Any]] = []  # (strategy, optimizer), in attach order
+        self._adopted: _Adopted | None = None      # parameters trained without an optimizer
         self._hooks: dict[int, Any] = {}           # id(param) -> hook handle
         self._suppressed: dict[int, int] = {}      # id(param) -> open no_sync contexts
         self._layout: BucketLayout | None = None   # kept between passes
@@ -93,6 +94,27 @@ class GradientSync:
         """Average ``optimizer``'s gradients through ``strategy`` at the end of each backward."""
         self._groups.append((strategy, optimizer))
         self.refresh()
+
+    def adopt(self, params: list) -> None:
+        """Average ``params``' gradients too, whether or not an optimizer holds them (a
+        hand-written update, a closure, another library's optimizer; see ``_training_watch``):
+        they go to a group of the run's own strategy (an optimizer holding them later keeps
+        them there)."""
+        if self._adopted is None:
+            from ._hooks import _make_strategy
+
+            self._adopted = _Adopted()
+            self._groups.append((_make_strategy(self.run), self._adopted))
+        self._adopted.add(params)
+        self.refresh()
+
+    def trained_params(self) -> list:
+        """Every parameter whose gradients this run averages (for the agreement check)."""
+        return [p for _strategy, params in self._param_groups() for p in params]
+
+    def synced_buffers(self) -> list:
+        """The buffers every rank gets from rank 0 after each backward pass."""
+        return [b for m in self._modules for b in m.buffers(recurse=False) if b is not None]
 
     def refresh(self) -> None:
         """Hook parameters added since (``add_param_group``, ``requires_grad`` turned on)."""
@@ -233,6 +255,8 @@ class GradientSync:
         try:
             if current is not None:
                 self._finish(current)
+                if not self.run.strategies:  # no optimizer steps: a pass is the step's end
+                    self.step_ended()
         finally:
             if self._clock is not None:
                 self._clock.mark("other_s")  # between backward and the optimizer step
@@ -319,6 +343,20 @@ class GradientSync:
             self._layout = BucketLayout(groups, self.run.bucket_bytes)
             self._layout_key = key
         return self._layout
+
+
+class _Adopted:
+    """Parameters trained without an optimizer phalanx saw, shaped like one (``param_groups``)."""
+
+    def __init__(self) -> None:
+        self.param_groups: list[dict] = [{"params": []}]
+        self._ids: set[int] = set()
+
+    def add(self, params: list) -> None:
+        for p in params:
+            if id(p) not in self._ids:
+                self._ids.add(id(p))
+                self.param_groups[0]["params"].append(p)
 
 
 _ABANDONED = ("a backward() pass raised after phalanx had begun averaging its gradients, and the "

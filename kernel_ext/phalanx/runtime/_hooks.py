@@ -22,11 +22,13 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Iterator
 
-from ._join import KIND_GRADIENTS
+from ._join import KIND_CHECK, KIND_GRADIENTS
+from ._agreement import check_every_steps
 from ._state import RunContext, current_run, engine_state
 
 
 def _make_strategy(run: RunContext) -> Any:
+    """A new instance of the run's strategy (one per optimizer, estimator or adopted group)."""
     from ._sync import make_strategy
 
     return make_strategy(run.strategy_spec, run.collectives, run.every, run.alpha)
@@ -52,6 +54,14 @@ class StepHooks:
         # benchmarks' small MLP being about 0.9 ms).
         self._clock = getattr(run.metrics, "clock", None)
         self._skip: set[int] = set()  # optimizers whose strategy does nothing here
+        # What trains, found as the cell runs (not only what optimizers hold): see
+        # _training_watch.  Strategies that keep ranks apart on purpose get no syncing.
+        from ._training_watch import TrainingWatch
+
+        kind = _make_strategy(run)
+        run.agreement = kind.agreement
+        self.watch = None if kind.agreement == "never" else \
+            TrainingWatch(run, self.grads.adopt, kind.averages_gradients)
 
     def _skipped(self, strategy: Any) -> bool:
         """On one rank a strategy that says it is the identity there costs nothing."""
@@ -75,6 +85,8 @@ class StepHooks:
         # patching torch's class: mypy types an assigned method with an extra ``self``, so no
         # replacement would match
         torch.optim.Optimizer.__init__ = init_and_sync  # type: ignore[method-assign, assignment]
+        if self.watch is not None:
+            self.watch.install()
 
     def remove(self) -> None:
         import torch
@@ -82,6 +94,8 @@ class StepHooks:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        if self.watch is not None:
+            self.watch.remove()
         self.grads.remove()
         if self._orig_init is not None:
             torch.optim.Optimizer.__init__ = self._orig_init  # type: ignore[method-assign]
@@ -95,6 +109,8 @@ class StepHooks:
         strategy = _make_strategy(self.run)
         params = _optimizer_params(optimizer)
         strategy.start(params)
+        if self.watch is not None:
+            self.watch.mark_synced(params)  # broadcast by start: no need at their first forward
         self.run.strategies[key] = strategy
         self.run.tracked.append((strategy, lambda o=optimizer: _optimizer_params(o)))
         if self._skipped(strategy):
@@ -134,6 +150,7 @@ class StepHooks:
                 run.metrics.set_step(run.steps)
             if self._clock is not None:
                 self._clock.step_end()
+            check_every_steps(run)
         elif self._clock is not None:
             self._clock.mark("other_s")
 
@@ -164,6 +181,8 @@ def finish_uneven(run: RunContext) -> None:
         return
 
     def shadow(kind: int, step: int) -> None:
+        if kind == KIND_CHECK:
+            return  # the training ranks skip the check while some ranks have finished
         if kind == KIND_GRADIENTS:
             run.grad_sync.shadow()
         else:

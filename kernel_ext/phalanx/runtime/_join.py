@@ -42,10 +42,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["JoinControl", "UnevenInputsError", "RoundInfo", "KIND_GRADIENTS", "UNEVEN_MODES"]
+__all__ = ["JoinControl", "UnevenInputsError", "RoundInfo", "KIND_GRADIENTS", "KIND_CHECK",
+           "UNEVEN_MODES"]
 
 UNEVEN_MODES = ("join", "error")
 KIND_GRADIENTS = 1  # kinds 2 + i: the after_step of the run's i-th tracked strategy
+KIND_CHECK = -1     # the check that the ranks agree (see _agreement): finished ranks skip it
 _SLOT = 3  # per rank: training (0/1), optimizer steps taken, shard rows
 
 
@@ -133,4 +135,6 @@ class JoinControl:
 
 
 def _what(kind: int) -> str:
+    if kind == KIND_CHECK:
+        return "check that the ranks agree"
     return "average gradients" if kind == KIND_GRADIENTS else f"synchronise (kind {kind})"

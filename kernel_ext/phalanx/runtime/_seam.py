@@ -77,6 +77,7 @@ class RunSpec:
     profile: int | None = None         # record this many optimizer steps (``--profile``)
     bucket_bytes: int = 25 * 2**20     # gradient bucket size (``--bucket-mb``)
     overlap: str = "auto"              # average full buckets while backward runs (``--overlap``)
+    check_every: int = 100             # steps between checks that the ranks agree (0: at the end)
 
 
 class Outcome(enum.Enum):

@@ -46,6 +46,8 @@ class RunContext:
     grad_sync: Any = None               # GradientSync: averaging at the end of backward
     bucket_bytes: int = 25 * 2**20      # gradient bucket size (--bucket-mb)
     overlap: str = "auto"               # auto | on | off (--overlap, see _grad_sync)
+    check_every: int = 100              # steps between agreement checks (see _agreement)
+    agreement: str = "at_end"           # the strategy's promise (SyncStrategy.agreement)
 
 
 class EngineState:

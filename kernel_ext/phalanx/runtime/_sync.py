@@ -96,6 +96,11 @@ class SyncStrategy:
     """
 
     name = "base"
+    #: When the ranks' parameters must be identical (phalanx checks it, see ``_agreement``):
+    #: ``"always"`` (after every step: checked every ``--check-every`` steps and at the end),
+    #: ``"at_end"`` (after ``finish``: checked at the end of the run) or ``"never"`` (the ranks
+    #: stay apart on purpose: not checked).
+    agreement = "at_end"
     #: True when every hook is the identity with one rank: a one-rank run may skip them.
     identity_on_one_rank = False
     #: True when ``average_gradients`` may get one bucket per call, from another thread, while
@@ -162,6 +167,7 @@ class AllreduceSync(SyncStrategy):
     """
 
     name = "allreduce"
+    agreement = "always"
     identity_on_one_rank = True
     buckets_independent = True  # a mean per bucket: averaged as the backward pass fills them
 
@@ -252,6 +258,7 @@ class NoSync(SyncStrategy):
     """Independent ranks (ensembles, debugging): no communication at all, not even at start."""
 
     name = "none"
+    agreement = "never"
     identity_on_one_rank = True
 
     def after_step_communicates(self, params: Sequence[Any], step: int) -> bool:

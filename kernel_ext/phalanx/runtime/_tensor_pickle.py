@@ -44,11 +44,12 @@ def dumps(value: Any) -> bytes:
 
 
 class _Pickler(cloudpickle.Pickler):
-    def __init__(self, file: io.BytesIO) -> None:
+    def __init__(self, file: io.BytesIO, storages: dict | None = None) -> None:
         super().__init__(file, protocol=5)
         # one _Storage per storage of this pickle, so the pickle memo writes it once and every
-        # tensor on it is rebuilt on the same storage
-        self._storages: dict[tuple[int, int], _Storage] = {}
+        # tensor on it is rebuilt on the same storage (``storages``: shared with the pickles of
+        # other names, see ``_graph_pickle``)
+        self._storages: dict[tuple[int, int], _Storage] = {} if storages is None else storages
 
     def reducer_override(self, obj: Any) -> Any:
         torch = sys.modules.get("torch")  # no torch imported: no tensor to look at

@@ -1,0 +1,200 @@
+"""The divergence guard: what must be identical across ranks is checked to be, as the run goes.
+
+Data-parallel training promises one model: after every step (``--sync allreduce``) or after the
+strategy's ``finish`` (``localsgd``, ``easgd``) every rank holds the same parameters.  Code can
+break that promise without an error: an update that depends on ``rank``, per-rank randomness in
+an update, a parameter phalanx never saw train.  The run would end and bring back rank 0's
+model as if it were the one model.  So the promise is checked where it is made:
+
+* at the end of every run, after the strategy's ``finish``;
+* every ``--check-every`` optimizer steps (default 100) where the strategy promises agreement
+  after every step.
+
+A check is a fingerprint of each trained tensor (the float64 sum of its values and of their
+absolute values), compared across ranks in one allreduce of two numbers per tensor.  Where
+they differ, one broadcast of the first such tensor measures by how much, and every rank raises
+a :class:`DivergenceError` that names the tensor (``model.fc.weight``), the largest difference,
+and the likely causes.  Strategies that keep ranks apart on purpose (``none``, or a user
+strategy with ``agreement = "never"``) are not checked; see ``SyncStrategy.agreement``.
+
+Example (threads as ranks; rank 1 edits its copy)::
+
+    >>> import threading, numpy as np
+    >>> from phalanx.runtime.transport._comm import make_thread_communicators
+    >>> comms, errors = make_thread_communicators(2), []
+    >>> def rank(comm):
+    ...     w = np.arange(4.0) + (comm.rank == 1) * np.array([0, 0, 0.5, 0])
+    ...     try:
+    ...         check_agreement(comm, [("w", w)], "at the end of the run")
+    ...     except DivergenceError as exc:
+    ...         errors.append(str(exc).split(": ", 1)[1][:48])
+    >>> ts = [threading.Thread(target=rank, args=(c,)) for c in comms]
+    >>> for t in ts: t.start()
+    >>> for t in ts: t.join()
+    >>> errors
+    ['w (shape (4,)) differs across ranks by up to 0.5', 'w (shape (4,)) differs across ranks by up to 0.5']
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Sequence
+
+import numpy as np
+
+CHECK_EVERY = 100  # optimizer steps between checks (``--check-every``; 0: only at the end)
+
+
+class DivergenceError(RuntimeError):
+    """Ranks that must hold one model hold different ones."""
+
+
+def check_agreement(comm: Any, items: Sequence[tuple[str, Any]], when: str) -> None:
+    """Raise :class:`DivergenceError` on every rank if any ``(label, tensor or array)`` differs
+    across the ranks of ``comm`` (two collectives while they agree, three when not)."""
+    if comm.world_size == 1 or not items:
+        return
+    differ = differing(comm, [value for _label, value in items])
+    if differ:
+        label, value = items[differ[0]]
+        gap = _largest_difference(comm, value)
+        others = [items[i][0] for i in differ[1:4]]
+        more = f" (and {', '.join(others)}{' ...' if len(differ) > 4 else ''})" if others else ""
+        raise DivergenceError(
+            f"the ranks no longer hold one model {when}: {label}{_shape(value)} differs across "
+            f"ranks by up to {gap:.3g}{more}. Everything the strategy "
+            "keeps identical should be; something in the cell changed it differently on each "
+            "rank: an update that depends on `rank`, randomness that differs per rank inside "
+            "an update, data only one rank has, or a parameter updated outside backward() and "
+            "step(). Nothing was returned. A strategy that keeps ranks apart on purpose says so "
+            "with agreement = 'never' (see SyncStrategy).")
+
+
+def check_run_agreement(run: Any, when: str) -> None:
+    """The run's check: every rank calls it at the same point (see the module docstring)."""
+    if run.agreement == "never" or run.world_size == 1:
+        return
+    check_agreement(run.collectives, trained_items(run), when)
+
+
+def check_every_steps(run: Any) -> None:
+    """After an optimizer step: the periodic check, where the strategy promises agreement after
+    every step.  A control round first, so ranks that ran out of data (uneven inputs, which
+    still answer rounds) take part; while some have, the check waits for the end of the run."""
+    from ._join import KIND_CHECK
+
+    if run.agreement != "always" or not run.check_every or run.steps % run.check_every:
+        return
+    if run.world_size == 1 or run.join is None:
+        return
+    info = run.join.round(KIND_CHECK, run.steps, run.steps)
+    if not info.uneven:
+        check_run_agreement(run, f"after step {run.steps}")
+
+
+def trained_items(run: Any) -> list[tuple[str, Any]]:
+    """What the run keeps identical across ranks, labelled as the cell names it: the
+    parameters whose gradients it averages or whose optimizer or estimator its strategy
+    syncs, and the buffers it gives every rank from rank 0."""
+    values: dict[int, Any] = {}
+    if run.grad_sync is not None:
+        for p in run.grad_sync.trained_params():
+            values.setdefault(id(p), p)
+        for b in run.grad_sync.synced_buffers():
+            values.setdefault(id(b), b)
+    for _strategy, params_fn in run.tracked:
+        for p in params_fn():
+            values.setdefault(id(p), p)
+    labels = labels_in(run.namespace)
+    return [(labels.get(key) or _unnamed(value), value) for key, value in values.items()]
+
+
+def labels_in(namespace: dict) -> dict[int, str]:
+    """``id(tensor or array) -> "model.fc.weight"`` for what the namespace holds: tensors,
+    modules' parameters and buffers, estimators' arrays, one level into dicts and lists."""
+    labels: dict[int, str] = {}
+    for name, value in list(namespace.items()):
+        if name.startswith("__"):
+            continue
+        _label(labels, name, value)
+        if isinstance(value, dict):
+            for key, item in list(value.items())[:100]:
+                _label(labels, f"{name}[{key!r}]", item)
+        elif isinstance(value, (list, tuple)):
+            for i, item in enumerate(value[:100]):
+                _label(labels, f"{name}[{i}]", item)
+    return labels
+
+
+def _label(labels: dict[int, str], name: str, value: Any) -> None:
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        labels.setdefault(id(value), name)
+    elif torch is not None and isinstance(value, torch.nn.Module):
+        for pname, p in value.named_parameters():
+            labels.setdefault(id(p), f"{name}.{pname}")
+        for bname, b in value.named_buffers():
+            labels.setdefault(id(b), f"{name}.{bname}")
+    elif hasattr(value, "get_params") and not isinstance(value, type):  # an estimator
+        for attr, item in list(vars(value).items()):
+            if isinstance(item, np.ndarray):
+                labels.setdefault(id(item), f"{name}.{attr}")
+
+
+def _unnamed(value: Any) -> str:
+    return f"a {type(value).__name__} of shape {tuple(getattr(value, 'shape', ()))}"
+
+
+def differing(comm: Any, values: Sequence[Any]) -> list[int]:
+    """The indices of ``values`` that are not the same on every rank (one allreduce of the
+    highest and lowest fingerprint over ranks)."""
+    prints = np.concatenate([fingerprint(value) for value in values])
+    both = np.concatenate([prints, -prints])
+    comm.allreduce([both], op="max")
+    high, low = both[:len(prints)], -both[len(prints):]
+    return [i for i in range(len(values))
+            if not same_print(high[2 * i:2 * i + 2], low[2 * i:2 * i + 2])]
+
+
+def fingerprint(value: Any) -> np.ndarray:
+    """Two float64 numbers that move when any value does: the sum and the sum of magnitudes."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        with torch.no_grad():
+            flat = value.detach()
+            if flat.is_complex() or not flat.is_floating_point():
+                flat = flat.to(torch.float64)
+            return np.array([torch.sum(flat, dtype=torch.float64).item(),
+                             torch.linalg.vector_norm(flat, 1, dtype=torch.float64).item()])
+    array = np.asarray(value, dtype=np.float64)
+    return np.array([array.sum(), np.abs(array).sum()])
+
+
+def same_print(high: np.ndarray, low: np.ndarray) -> bool:
+    """The highest and lowest fingerprint over ranks agree (NaN on every rank agrees too)."""
+    if np.isnan(high).any() or np.isnan(low).any():
+        return bool(np.isnan(high).all() and np.isnan(low).all())
+    scale = np.abs(high).max() + np.abs(low).max()
+    return bool(np.abs(high - low).max() <= 1e-9 * scale + 1e-300)
+
+
+def _largest_difference(comm: Any, value: Any) -> float:
+    """max |x - rank 0's x| over ranks and elements (one broadcast, one allreduce)."""
+    mine = np.array(_as_numpy(value), dtype=np.float64, copy=True)
+    theirs = mine.copy()
+    comm.broadcast([theirs], src=0)
+    gap = np.array([float(np.nanmax(np.abs(mine - theirs))) if mine.size else 0.0])
+    comm.allreduce([gap], op="max")
+    return float(gap[0])
+
+
+def _as_numpy(value: Any) -> Any:
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", torch.float64).numpy()
+    return value
+
+
+def _shape(value: Any) -> str:
+    shape = tuple(getattr(value, "shape", ()))
+    return f" (shape {shape})" if shape else ""

@@ -1,0 +1,259 @@
+"""The notebook's object graph, shipped name by name and rebuilt whole on the engines.
+
+Each shipped notebook name is pickled on its own, so that an engine keeps the names it already
+holds (by content hash) and a re-run sends only what changed.  Pickled one by one, though, two
+names that share an object in the notebook would arrive as two copies: an optimizer built in an
+earlier cell would step copies of the parameters, not the model's own, and the run would train
+nothing without a word.  So the names are pickled in one order by one :class:`GraphPacker`, and an
+object already written for an earlier name is written again only as a reference to it: *(that
+name, its index in that name's pickle memo)*.  On the engine :func:`load_names` unpickles the
+names in the same order and resolves each reference in the memo of the name that holds it; a
+pickler and an unpickler number their memo alike (protocol 4 and up: one ``MEMOIZE`` per
+object, in stream order), so whatever the names share in the kernel they share on the engine.
+
+A name's bytes depend only on the names before it, so the per-name cache stays exact: a
+name whose own bytes did not change refers to the same objects of the names before it.
+
+Functions and classes defined in the notebook are pickled by value (cloudpickle); their
+globals are the notebook's namespace.  Here they are written as a reference to *the run's
+namespace*, so on the engine they read and write the cell's own globals, as in the notebook (a
+``train()`` defined in an earlier cell sees the ``model`` the cell rebinds).  The globals such a
+function reads are shipped with it, except names the run binds itself (other shipped names,
+``--shard`` parts, ``rank``/``world_size``/``device``), which it finds there.
+
+What comes back (``--return``) goes the other way: an object that came from the notebook is
+written as a reference to the notebook's own object, with its new state, and the kernel
+applies that state in place (:func:`dumps_returns`, :func:`loads_returns`).  So a returned model
+is the notebook's model, trained: the optimizer, scheduler or dict that held its parameters in
+the notebook still holds them, as after a loop run in the notebook itself.
+
+Example::
+
+    >>> import torch
+    >>> model = torch.nn.Linear(2, 1)
+    >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    >>> packer = GraphPacker(user_ns={})
+    >>> blobs = {name: packer.pack(name, value) for name, value in [("model", model), ("opt", opt)]}
+    >>> ns = load_names(["model", "opt"], blobs, {})
+    >>> ns["opt"].param_groups[0]["params"][0] is ns["model"].weight
+    True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import pickle
+import sys
+import threading
+import types
+from typing import Any, Iterable, Iterator, Mapping
+
+from ._tensor_pickle import _Pickler
+
+# Objects whose identity means nothing (immutable, or pickled by name): never written as a
+# reference to another name, so a name does not come to depend on another for, say, a string.
+_NO_IDENTITY = (str, bytes, int, float, complex, bool, type(None), tuple, frozenset, type,
+                types.FunctionType, types.BuiltinFunctionType, types.ModuleType, types.CodeType,
+                types.MethodType, type(Ellipsis))
+_NAMESPACE = "ns"
+_REFERENCE = "ref"
+
+
+class GraphPacker:
+    """Pickles notebook names one by one, each object once across all of them.
+
+    ``user_ns`` is the notebook's namespace (its functions' globals); ``bound`` are the names
+    the run binds on the engine itself, which a shipped function's globals leave out."""
+
+    def __init__(self, user_ns: Mapping[str, Any], bound: Iterable[str] = ()) -> None:
+        self.user_ns = user_ns
+        self.bound = frozenset(bound)
+        self.owners: dict[int, tuple[str, int, Any]] = {}  # id -> (name, memo index, object)
+        self.storages: dict = {}  # tensor storages, shared by every name's pickle
+        self.depends: dict[str, set[str]] = {}  # name -> the earlier names it refers to
+        self.memos: dict[str, dict[int, Any]] = {}  # name -> {memo index: object}, for returns
+
+    def pack(self, name: str, value: Any) -> bytes:
+        """``value`` pickled as notebook name ``name`` (names must be packed in load order)."""
+        buffer = io.BytesIO()
+        pickler = _GraphPickler(buffer, self, name)
+        pickler.dump(value)
+        self.depends[name] = pickler.refers_to
+        memo = self.memos[name] = {}
+        for key, (index, obj) in pickler.memo.copy().items():
+            memo[index] = obj
+            if not isinstance(obj, _NO_IDENTITY):
+                self.owners.setdefault(key, (name, index, obj))
+        return buffer.getvalue()
+
+
+class _GraphPickler(_Pickler):
+    def __init__(self, file: io.BytesIO, packer: GraphPacker, name: str) -> None:
+        super().__init__(file, storages=packer.storages)
+        self._packer, self._name = packer, name
+        self.refers_to: set[str] = set()
+        # cloudpickle rebuilds a function's globals from ``globals_ref``: the notebook's own
+        # namespace becomes a marker that unpickles as the run's namespace
+        self._namespace_marker: dict = {}
+        self.globals_ref[id(packer.user_ns)] = self._namespace_marker
+
+    def persistent_id(self, obj: Any) -> Any:
+        if obj is self._namespace_marker:
+            return (_NAMESPACE,)
+        entry = self._packer.owners.get(id(obj))
+        if entry is None or entry[2] is not obj or entry[0] == self._name:
+            return None
+        self.refers_to.add(entry[0])
+        return (_REFERENCE, entry[0], entry[1])
+
+    def _dynamic_function_reduce(self, func: Any) -> Any:
+        reduced = super()._dynamic_function_reduce(func)
+        if func.__globals__ is self._packer.user_ns and self._packer.bound:
+            _state, slotstate = reduced[2]
+            slotstate["__globals__"] = {k: v for k, v in slotstate["__globals__"].items()
+                                        if k not in self._packer.bound}
+        return reduced
+
+
+class _GraphUnpickler(pickle.Unpickler):
+    def __init__(self, blob: bytes, namespace: dict, memos: Mapping[str, dict]) -> None:
+        super().__init__(io.BytesIO(blob))
+        self._namespace, self._memos = namespace, memos
+
+    def persistent_load(self, pid: Any) -> Any:
+        if pid[0] == _NAMESPACE:
+            return self._namespace
+        if pid[0] == _REFERENCE:
+            _kind, name, index = pid
+            try:
+                return self._memos[name][index]
+            except KeyError:
+                raise pickle.UnpicklingError(
+                    f"a shipped object refers to {name!r}, which was not loaded before it; "
+                    "re-run the cell") from None
+        raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
+
+
+def load_names(names: Iterable[str], blobs: Mapping[str, bytes],
+               namespace: dict) -> dict[str, dict[int, Any]]:
+    """Unpickle ``names`` (in the order they were packed) into ``namespace``; references
+    between them resolve to the very objects loaded before.  Returns each name's memo
+    ``{index: object}``: where each object came from (see :func:`origins`)."""
+    memos: dict[str, dict[int, Any]] = {}
+    for name in names:
+        unpickler = _GraphUnpickler(blobs[name], namespace, memos)
+        value = unpickler.load()
+        memos[name] = unpickler.memo.copy()
+        namespace[name] = value
+    return memos
+
+
+# --- the way back: returned objects applied to the notebook's own ------------------------------
+
+Origins = dict[int, tuple[tuple[str, int], Any]]  # id(object) -> ((name, memo index), object)
+
+
+def origins(memos: Mapping[str, Mapping[int, Any]]) -> Origins:
+    """Where each object the notebook sent (and that has an identity) sits in its pickle."""
+    out: Origins = {}
+    for name, memo in memos.items():
+        for index, obj in memo.items():
+            if not isinstance(obj, _NO_IDENTITY):
+                out.setdefault(id(obj), ((name, index), obj))
+    return out
+
+
+def dumps_returns(values: dict[str, Any], sent: Origins) -> bytes:
+    """Pickle ``values`` for the kernel: what came from the notebook (``sent``) as references to
+    the notebook's objects with their new state (see :func:`loads_returns`)."""
+    buffer = io.BytesIO()
+    _ReturnPickler(buffer, sent).dump(values)
+    return buffer.getvalue()
+
+
+class _ReturnPickler(_Pickler):
+    def __init__(self, file: io.BytesIO, sent: Origins) -> None:
+        super().__init__(file)
+        self._sent = sent
+
+    def reducer_override(self, obj: Any) -> Any:
+        entry = self._sent.get(id(obj))
+        if entry is None or entry[1] is not obj:
+            return super().reducer_override(obj)
+        key = entry[0]
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(obj, torch.Tensor):
+            return _restore_tensor, (key, obj.detach())
+        np = sys.modules.get("numpy")
+        if np is not None and isinstance(obj, np.ndarray):
+            return _restore_array, (key, np.array(obj, copy=True))
+        if type(obj) in (dict, list):
+            # emptied, then refilled by pickle's own item opcodes (a container may hold itself)
+            if isinstance(obj, dict):
+                return _emptied, (key,), None, None, iter(obj.items())
+            return _emptied, (key,), None, iter(obj), None
+        kind = type(obj)
+        if kind.__reduce_ex__ is not object.__reduce_ex__ or kind.__reduce__ is not object.__reduce__:
+            return super().reducer_override(obj)  # its own reduction: comes back as a new object
+        try:
+            state = obj.__getstate__()
+        except Exception:
+            return super().reducer_override(obj)
+        return _original, (key,), state
+
+
+_RESTORING = threading.local()
+
+
+@contextlib.contextmanager
+def _restoring(memos: Mapping[str, Mapping[int, Any]]) -> Iterator[None]:
+    _RESTORING.memos = memos
+    try:
+        yield
+    finally:
+        _RESTORING.memos = None
+
+
+def loads_returns(blob: bytes, memos: Mapping[str, Mapping[int, Any]]) -> Any:
+    """Unpickle what :func:`dumps_returns` wrote, in the kernel that packed the names
+    (``memos``: :attr:`GraphPacker.memos`): the notebook's objects get their new state."""
+    import cloudpickle
+
+    with _restoring(memos):
+        return cloudpickle.loads(blob)
+
+
+def _original(key: tuple[str, int]) -> Any:
+    memos = getattr(_RESTORING, "memos", None)
+    try:
+        return memos[key[0]][key[1]]  # type: ignore[index]
+    except (KeyError, TypeError):
+        raise pickle.UnpicklingError(f"a returned object refers to notebook object {key}, which "
+                                     "this kernel did not send") from None
+
+
+def _emptied(key: tuple[str, int]) -> Any:
+    obj = _original(key)
+    obj.clear()
+    return obj
+
+
+def _restore_tensor(key: tuple[str, int], value: Any) -> Any:
+    import torch
+
+    obj = _original(key)
+    with torch.no_grad():
+        if obj.shape == value.shape and obj.dtype == value.dtype and obj.device == value.device:
+            obj.copy_(value)
+        else:
+            obj.data = value
+    return obj
+
+
+def _restore_array(key: tuple[str, int], value: Any) -> Any:
+    obj = _original(key)
+    if obj.shape == value.shape and obj.dtype == value.dtype and obj.flags.writeable:
+        obj[...] = value
+        return obj
+    return value

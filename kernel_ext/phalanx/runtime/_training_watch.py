@@ -1,0 +1,219 @@
+"""Zero-change mode attaches to what trains: every tensor that receives a gradient in the cell.
+
+An optimizer is one way a loop trains, not the only one: a hand-written update
+(``p -= lr * p.grad``), a closure, another library's optimizer.  So phalanx looks at what the
+cell trains, wherever it was built, rather than at optimizers:
+
+* **first forward**: while a *discovery window* is open, torch's global forward pre-hook sees
+  every module call; a module run with gradients on whose parameters phalanx has not synced yet
+  gets rank 0's parameters and buffers (one broadcast) before it computes anything, and its
+  parameters get their gradients averaged when backward returns (:mod:`._grad_sync`).  The
+  window is open from the start of the run and again whenever a module registers a new
+  parameter (a model built in the cell); it closes once a backward pass ended with no module
+  left to sync, and every module call gets torch's fast path back;
+* **every backward**: ``torch.autograd.backward`` (which ``loss.backward()`` calls) first
+  walks the graph to the leaves that will receive a gradient.  A leaf phalanx does not average
+  yet (a raw tensor created with ``requires_grad``, a parameter used through a functional call)
+  is checked to hold the same values on every rank (one small allreduce) and then averaged
+  like the others; one whose values differ is an error naming it, since its gradients were
+  computed at different points and no averaging can make the step right.
+
+Parameters a framework synchronises itself are left to it: those of a ``wrap()``/DDP module
+and DTensor parameters (FSDP2).  With a strategy that does not average gradients (``localsgd``,
+``easgd``, ``none``), parameters are still synced before their first forward, and the
+strategy acts at ``opt.step()`` as before.
+
+Example (inside ``%%distributed_fit``, no optimizer)::
+
+    model = torch.nn.Linear(4, 1)              # synced from rank 0 at its first forward
+    for xb, yb in batches(X, y):
+        loss = ((model(xb) - yb) ** 2).mean()
+        loss.backward()                        # .grad averaged across ranks when it returns
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= 0.1 * p.grad
+                p.grad = None
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable
+
+from ._agreement import differing, labels_in
+
+
+WALKS_AFTER_CHANGE = 3
+SPOT_CHECK = 32
+
+
+class DivergentLeafError(RuntimeError):
+    """Tensors a backward pass trains held different values on different ranks."""
+
+
+class TrainingWatch:
+    """The hooks of one run that find what trains; ``adopt(params)`` averages their gradients."""
+
+    def __init__(self, run: Any, adopt: Callable[[list], None], averages: bool) -> None:
+        self.run = run
+        self._adopt = adopt            # GradientSync.adopt: average these parameters' gradients
+        self._averages = averages      # whether the run's strategy averages gradients at all
+        self._synced: set[int] = set()   # ids of tensors that hold rank 0's values
+        self._keep: list = []            # ... and the tensors, so those ids stay theirs
+        self._global: Any = None         # the forward pre-hook while the window is open
+        self._registration: Any = None
+        self._backward: Any = None       # torch.autograd.backward as it was
+        # Walking the graph costs ~1 us a node at every pass: it is done at the first passes and
+        # after each new module, then at every SPOT_CHECK-th pass (the agreement check at the
+        # end of the run would name a leaf that first trained in between)
+        self._walks = WALKS_AFTER_CHANGE
+        self._passes = 0
+
+    def install(self) -> None:
+        import torch
+        from torch.nn.modules.module import register_module_parameter_registration_hook
+
+        self._registration = register_module_parameter_registration_hook(self._on_new_parameter)
+        self._backward = torch.autograd.backward
+        watch = self
+
+        def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+            watch.before_backward(tensors, kwargs.get("inputs"))
+            return watch._backward(tensors, *args, **kwargs)
+
+        torch.autograd.backward = backward  # loss.backward() calls it through the module
+        self._open()
+
+    def remove(self) -> None:
+        import torch
+
+        if self._backward is not None:
+            torch.autograd.backward = self._backward
+            self._backward = None
+        for handle in (self._global, self._registration):
+            if handle is not None:
+                handle.remove()
+        self._global = self._registration = None
+        self._synced.clear()
+        self._keep.clear()
+
+    def mark_synced(self, tensors: list) -> None:
+        """These tensors hold rank 0's values already (an optimizer's start broadcast them)."""
+        for t in tensors:
+            if id(t) not in self._synced:
+                self._synced.add(id(t))
+                self._keep.append(t)
+
+    # -- the discovery window ------------------------------------------------------------------
+
+    def _open(self) -> None:
+        self._walks = WALKS_AFTER_CHANGE
+        if self._global is None and self.run.world_size > 1:
+            from torch.nn.modules.module import register_module_forward_pre_hook
+
+            self._global = register_module_forward_pre_hook(self._on_forward)
+
+    def _close(self) -> None:
+        if self._global is not None:
+            self._global.remove()
+            self._global = None
+
+    def _on_new_parameter(self, module: Any, name: str, param: Any) -> None:
+        if param is not None and id(param) not in self._synced:
+            self._open()  # a model built in the cell: sync it at its first forward
+
+    def _on_forward(self, module: Any, args: Any) -> None:
+        import torch
+
+        if not torch.is_grad_enabled() or torch.compiler.is_compiling():
+            return  # evaluation (or tracing): nothing is trained by this call
+        fresh = [p for p in module.parameters() if id(p) not in self._synced and _ours(self.run, p)]
+        if not any(p.requires_grad for p in fresh):
+            return
+        buffers = [b for b in module.buffers() if id(b) not in self._synced]
+        self.run.collectives.broadcast([t.detach() for t in fresh + buffers], src=0)
+        self.mark_synced(fresh + buffers)
+        trained = [p for p in fresh if p.requires_grad]
+        if self._averages:
+            self._adopt(trained)
+
+    # -- every backward pass ---------------------------------------------------------------------
+
+    def before_backward(self, tensors: Any, inputs: Any) -> None:
+        """Find the leaves this pass trains; sync and adopt those phalanx does not know yet."""
+        if self.run.world_size == 1:
+            return
+        self._passes += 1
+        if self._walks <= 0 and self._passes % SPOT_CHECK:
+            return
+        self._walks -= 1
+        roots = [tensors] if _is_tensor(tensors) else list(tensors or ())
+        leaves = _leaves(roots) if inputs is None else _as_list(inputs)
+        fresh = [t for t in leaves if id(t) not in self._synced and _ours(self.run, t)]
+        if not fresh:
+            self._close()  # every module that trains is synced: give torch its fast path back
+            return
+        self._check_same(fresh)
+        self.mark_synced(fresh)
+        if self._averages:
+            self._adopt(fresh)
+
+    def _check_same(self, fresh: list) -> None:
+        """One allreduce: do these tensors hold the same values on every rank?"""
+        differ = differing(self.run.collectives, fresh)
+        if differ:
+            labels = labels_in(self.run.namespace)
+            shown = ", ".join(labels.get(id(fresh[i])) or f"a tensor of shape {tuple(fresh[i].shape)}"
+                              for i in differ[:3])
+            raise DivergentLeafError(
+                f"{shown} {'is' if len(differ) == 1 else 'are'} trained in this backward pass but "
+                "held different values on different ranks when the forward pass used "
+                f"{'it' if len(differ) == 1 else 'them'}: the ranks computed gradients of "
+                "different models, and averaging cannot make that step right. Create it in an "
+                "earlier cell (shipped, it is the same on every rank), make it a parameter of a "
+                "torch.nn.Module (phalanx gives every rank rank 0's parameters at the module's "
+                "first forward), or call phalanx.broadcast([t]) on it before the loop.")
+
+
+def _ours(run: Any, tensor: Any) -> bool:
+    """A tensor phalanx averages: not DDP's (wrap()) nor a DTensor (FSDP2 syncs its own)."""
+    if id(tensor) in run.ddp_param_ids:
+        return False
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    return dtensor is None or not isinstance(tensor, dtensor.DTensor)
+
+
+def _is_tensor(x: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def _as_list(inputs: Any) -> list:
+    """The leaves among ``backward(inputs=...)`` (only leaves accumulate a ``.grad``)."""
+    tensors = [inputs] if _is_tensor(inputs) else list(inputs)
+    return [t for t in tensors if t.grad_fn is None and t.requires_grad]
+
+
+def _leaves(roots: list) -> list:
+    """The leaf tensors a backward pass from ``roots`` accumulates gradients into, in a
+    deterministic order (the same graph gives the same order on every rank)."""
+    leaves, seen = [], set()
+    stack = [r.grad_fn for r in reversed(roots) if r.grad_fn is not None]
+    for root in roots:
+        if root.grad_fn is None and root.requires_grad and id(root) not in seen:
+            seen.add(id(root))
+            leaves.append(root)
+    visited: set[int] = set()
+    while stack:
+        node = stack.pop()
+        if id(node) in visited:
+            continue
+        visited.add(id(node))
+        variable = getattr(node, "variable", None)  # an AccumulateGrad node
+        if variable is not None and id(variable) not in seen:
+            seen.add(id(variable))
+            leaves.append(variable)
+        for child, _index in reversed(node.next_functions):
+            if child is not None and id(child) not in visited:
+                stack.append(child)
+    return leaves
