@@ -59,6 +59,7 @@ from ._forward_watch import ForwardWatch
 from ._grad_buckets import Bucket, BucketLayout
 from ._join import KIND_GRADIENTS, JoinControl, RoundInfo
 from ._overlap import CommThread
+from ._training_watch import framework_synced
 
 
 @dataclass
@@ -367,7 +368,7 @@ _ABANDONED = ("a backward() pass raised after phalanx had begun averaging its gr
 def _strategy_params(optimizer: Any, run: Any) -> list:
     """The optimizer's parameters that take gradients and that no DDP wrapper averages."""
     return [p for group in optimizer.param_groups for p in group["params"]
-            if p.requires_grad and id(p) not in run.ddp_param_ids]
+            if p.requires_grad and not framework_synced(run, p)]
 
 
 def _join_scale(info: RoundInfo | None, world_size: int) -> float | None:

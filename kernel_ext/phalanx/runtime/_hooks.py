@@ -20,6 +20,7 @@ chosen by the strategy.
 from __future__ import annotations
 
 import contextlib
+import sys
 from typing import Any, Callable, Iterator
 
 from ._join import KIND_CHECK, KIND_GRADIENTS
@@ -35,7 +36,13 @@ def _make_strategy(run: RunContext) -> Any:
 
 
 def _optimizer_params(optimizer: Any) -> list:
-    return [p for group in optimizer.param_groups for p in group["params"]]
+    """What the strategy syncs: the optimizer's parameters but DTensors (FSDP2 keeps its
+    shards in step itself; their local pieces differ from rank to rank by design)."""
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    if dtensor is None:
+        return [p for group in optimizer.param_groups for p in group["params"]]
+    return [p for group in optimizer.param_groups for p in group["params"]
+            if not isinstance(p, dtensor.DTensor)]
 
 
 class StepHooks:

@@ -63,6 +63,8 @@ class TrainingWatch:
         self._global: Any = None         # the forward pre-hook while the window is open
         self._registration: Any = None
         self._backward: Any = None       # torch.autograd.backward as it was
+        self._framework_modules: set[int] = set()  # modules DDP or FSDP2 syncs (see _on_forward)
+        self._fsdp: list = []            # FSDP2 modules seen: their unsharded parameters are theirs
         # Walking the graph costs ~1 us a node at every pass: it is done at the first passes and
         # after each new module, then at every SPOT_CHECK-th pass (the agreement check at the
         # end of the run would name a leaf that first trained in between)
@@ -127,6 +129,15 @@ class TrainingWatch:
 
         if not torch.is_grad_enabled() or torch.compiler.is_compiling():
             return  # evaluation (or tracing): nothing is trained by this call
+        if id(module) in self._framework_modules:
+            return
+        if isinstance(module, torch.nn.parallel.DistributedDataParallel) or _is_fsdp(module):
+            # the cell's own DDP or FSDP2: it syncs these modules' parameters itself
+            self._framework_modules.update(id(m) for m in module.modules())
+            self._keep.extend(module.modules())  # so those ids stay theirs
+            self.run.ddp_param_ids.update(id(p) for p in module.parameters())
+            self._fsdp.extend(m for m in module.modules() if _is_fsdp(m))
+            return
         fresh = [p for p in module.parameters() if id(p) not in self._synced and _ours(self.run, p)]
         if not any(p.requires_grad for p in fresh):
             return
@@ -149,6 +160,8 @@ class TrainingWatch:
         self._walks -= 1
         roots = [tensors] if _is_tensor(tensors) else list(tensors or ())
         leaves = _leaves(roots) if inputs is None else _as_list(inputs)
+        if self._fsdp:  # FSDP2 trains its unsharded parameters, which no module lists
+            self.run.ddp_param_ids.update(_fsdp_unsharded_ids(self._fsdp))
         fresh = [t for t in leaves if id(t) not in self._synced and _ours(self.run, t)]
         if not fresh:
             self._close()  # every module that trains is synced: give torch its fast path back
@@ -176,11 +189,41 @@ class TrainingWatch:
 
 
 def _ours(run: Any, tensor: Any) -> bool:
-    """A tensor phalanx averages: not DDP's (wrap()) nor a DTensor (FSDP2 syncs its own)."""
-    if id(tensor) in run.ddp_param_ids:
+    """A tensor phalanx syncs: not a framework's, and holding its values (a parameter whose
+    storage was freed is a framework's gathered copy, FSDP2's between uses)."""
+    if framework_synced(run, tensor):
         return False
+    return tensor.numel() == 0 or tensor.untyped_storage().nbytes() > 0
+
+
+def framework_synced(run: Any, tensor: Any) -> bool:
+    """A tensor a framework keeps in sync itself: a DDP module's parameter (``wrap()`` or the
+    cell's own DDP) or a DTensor (FSDP2's ``fully_shard``, tensor parallelism)."""
+    if id(tensor) in run.ddp_param_ids:
+        return True
     dtensor = sys.modules.get("torch.distributed.tensor")
-    return dtensor is None or not isinstance(tensor, dtensor.DTensor)
+    return dtensor is not None and isinstance(tensor, dtensor.DTensor)
+
+
+def _is_fsdp(module: Any) -> bool:
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    return fsdp is not None and isinstance(module, fsdp.FSDPModule)
+
+
+def _fsdp_unsharded_ids(modules: list) -> set[int]:
+    """The ids of the unsharded parameters FSDP2 gathers for ``modules`` (its own state: the
+    forward pass runs on these, and FSDP reduce-scatters their gradients itself)."""
+    ids: set[int] = set()
+    for module in modules:
+        try:
+            group = module._get_fsdp_state()._fsdp_param_group
+        except Exception:  # another torch: nothing to exclude beyond the DTensors
+            continue
+        for fsdp_param in getattr(group, "fsdp_params", None) or ():
+            unsharded = getattr(fsdp_param, "_unsharded_param", None)
+            if unsharded is not None:
+                ids.add(id(unsharded))
+    return ids
 
 
 def _is_tensor(x: Any) -> bool:
