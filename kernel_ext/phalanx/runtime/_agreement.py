@@ -10,7 +10,7 @@ model as if it were the one model.  So the promise is checked where it is made:
 * every ``--check-every`` optimizer steps (default 100) where the strategy promises agreement
   after every step.
 
-A check is a fingerprint of each trained tensor (the float64 sum of its values and of their
+A check is a fingerprint (:func:`fingerprints`) of each trained tensor (the float64 sum of its values and of their
 absolute values), compared across ranks in one allreduce of two numbers per tensor.  Where
 they differ, one broadcast of the first such tensor measures by how much, and every rank raises
 a :class:`DivergenceError` that names the tensor (``model.fc.weight``), the largest difference,
@@ -25,7 +25,7 @@ Example (threads as ranks; rank 1 edits its copy)::
     >>> def rank(comm):
     ...     w = np.arange(4.0) + (comm.rank == 1) * np.array([0, 0, 0.5, 0])
     ...     try:
-    ...         check_agreement(comm, [("w", w)], "at the end of the run")
+    ...         check_agreement(comm, [w], "at the end of the run", lambda: {id(w): "w"})
     ...     except DivergenceError as exc:
     ...         errors.append(str(exc).split(": ", 1)[1][:48])
     >>> ts = [threading.Thread(target=rank, args=(c,)) for c in comms]
@@ -38,7 +38,7 @@ Example (threads as ranks; rank 1 edits its copy)::
 from __future__ import annotations
 
 import sys
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -49,16 +49,20 @@ class DivergenceError(RuntimeError):
     """Ranks that must hold one model hold different ones."""
 
 
-def check_agreement(comm: Any, items: Sequence[tuple[str, Any]], when: str) -> None:
-    """Raise :class:`DivergenceError` on every rank if any ``(label, tensor or array)`` differs
-    across the ranks of ``comm`` (two collectives while they agree, three when not)."""
-    if comm.world_size == 1 or not items:
+def check_agreement(comm: Any, values: Sequence[Any], when: str,
+                    labels: Callable[[], dict[int, str]] = dict) -> None:
+    """Raise :class:`DivergenceError` on every rank if any of ``values`` (tensors or arrays)
+    differs across the ranks of ``comm`` (one allreduce while they agree); ``labels()`` names
+    them, ``{id(value): "model.fc.weight"}`` (asked only then)."""
+    if comm.world_size == 1 or not values:
         return
-    differ = differing(comm, [value for _label, value in items])
+    differ = differing(comm, values)
     if differ:
-        label, value = items[differ[0]]
+        names = labels()
+        label_of = [names.get(id(v)) or _unnamed(v) for v in values]
+        label, value = label_of[differ[0]], values[differ[0]]
         gap = _largest_difference(comm, value)
-        others = [items[i][0] for i in differ[1:4]]
+        others = [label_of[i] for i in differ[1:4]]
         more = f" (and {', '.join(others)}{' ...' if len(differ) > 4 else ''})" if others else ""
         raise DivergenceError(
             f"the ranks no longer hold one model {when}: {label}{_shape(value)} differs across "
@@ -74,7 +78,8 @@ def check_run_agreement(run: Any, when: str) -> None:
     """The run's check: every rank calls it at the same point (see the module docstring)."""
     if run.agreement == "never" or run.world_size == 1:
         return
-    check_agreement(run.collectives, trained_items(run), when)
+    check_agreement(run.collectives, trained_values(run), when,
+                    lambda: labels_in(run.namespace))
 
 
 def check_every_steps(run: Any) -> None:
@@ -92,10 +97,10 @@ def check_every_steps(run: Any) -> None:
         check_run_agreement(run, f"after step {run.steps}")
 
 
-def trained_items(run: Any) -> list[tuple[str, Any]]:
-    """What the run keeps identical across ranks, labelled as the cell names it: the
-    parameters whose gradients it averages or whose optimizer or estimator its strategy
-    syncs, and the buffers it gives every rank from rank 0."""
+def trained_values(run: Any) -> list[Any]:
+    """What the run keeps identical across ranks: the parameters whose gradients it averages
+    or whose optimizer or estimator its strategy syncs, and the buffers it gives every rank
+    from rank 0."""
     values: dict[int, Any] = {}
     if run.grad_sync is not None:
         for p in run.grad_sync.trained_params():
@@ -105,8 +110,7 @@ def trained_items(run: Any) -> list[tuple[str, Any]]:
     for _strategy, params_fn in run.tracked:
         for p in params_fn():
             values.setdefault(id(p), p)
-    labels = labels_in(run.namespace)
-    return [(labels.get(key) or _unnamed(value), value) for key, value in values.items()]
+    return list(values.values())
 
 
 def labels_in(namespace: dict) -> dict[int, str]:
@@ -148,7 +152,7 @@ def _unnamed(value: Any) -> str:
 def differing(comm: Any, values: Sequence[Any]) -> list[int]:
     """The indices of ``values`` that are not the same on every rank (one allreduce of the
     highest and lowest fingerprint over ranks)."""
-    prints = np.concatenate([fingerprint(value) for value in values])
+    prints = fingerprints(values)
     both = np.concatenate([prints, -prints])
     comm.allreduce([both], op="max")
     high, low = both[:len(prints)], -both[len(prints):]
@@ -156,18 +160,32 @@ def differing(comm: Any, values: Sequence[Any]) -> list[int]:
             if not same_print(high[2 * i:2 * i + 2], low[2 * i:2 * i + 2])]
 
 
-def fingerprint(value: Any) -> np.ndarray:
-    """Two float64 numbers that move when any value does: the sum and the sum of magnitudes."""
+def fingerprints(values: Sequence[Any]) -> np.ndarray:
+    """Two float64 numbers per value that move when any of its elements does: the sum and the
+    sum of magnitudes, ``[sum_0, abs_0, sum_1, abs_1, ...]``.  Tensors of one device are
+    reduced there and read back once (one device sync, not two per tensor)."""
     torch = sys.modules.get("torch")
-    if torch is not None and isinstance(value, torch.Tensor):
+    out = np.zeros(2 * len(values))
+    on_device: dict[Any, list[int]] = {}
+    for i, value in enumerate(values):
+        if torch is not None and isinstance(value, torch.Tensor):
+            on_device.setdefault(value.device, []).append(i)
+        else:
+            array = np.asarray(value, dtype=np.float64)
+            out[2 * i:2 * i + 2] = (array.sum(), np.abs(array).sum())
+    for indices in on_device.values():
         with torch.no_grad():
-            flat = value.detach()
-            if flat.is_complex() or not flat.is_floating_point():
-                flat = flat.to(torch.float64)
-            return np.array([torch.sum(flat, dtype=torch.float64).item(),
-                             torch.linalg.vector_norm(flat, 1, dtype=torch.float64).item()])
-    array = np.asarray(value, dtype=np.float64)
-    return np.array([array.sum(), np.abs(array).sum()])
+            sums = []
+            for i in indices:
+                flat = values[i].detach()
+                if flat.is_complex() or not flat.is_floating_point():
+                    flat = flat.to(torch.float64)
+                sums.append(torch.sum(flat, dtype=torch.float64))
+                sums.append(torch.linalg.vector_norm(flat, 1, dtype=torch.float64))
+            read = torch.stack(sums).cpu().numpy()
+        for k, i in enumerate(indices):
+            out[2 * i:2 * i + 2] = read[2 * k:2 * k + 2]
+    return out
 
 
 def same_print(high: np.ndarray, low: np.ndarray) -> bool:
