@@ -49,6 +49,15 @@ def notebook_reads(body: str) -> tuple[set[str], set[str]]:
 
     A ``SyntaxError`` in ``body`` propagates.  Builtins appear among the reads.
     """
+    reads, deferred, binds = split_reads(body)
+    return reads | deferred, binds
+
+
+def split_reads(body: str) -> tuple[set[str], set[str], set[str]]:
+    """(names read as the cell runs, names only its functions read when called, names it binds
+    at module level anywhere): a name missing from the notebook is an error only in the first
+    set (a function that names an undefined global fails only if that line runs, as in Python).
+    """
     tree = ast.parse(body)
     found = _Found(lazy_annotations=any(
         isinstance(s, ast.ImportFrom) and s.module == "__future__"
@@ -56,7 +65,7 @@ def notebook_reads(body: str) -> tuple[set[str], set[str]]:
     _Now(found, set(), stores_global=True, walrus_global=True).run(tree.body)
     # A function's global is read at some call: if the cell binds it at all, the cell's own
     # binding is the likely one (defined before the call), so the notebook's is not shipped.
-    return found.reads | (found.deferred - found.binds), set(found.binds)
+    return set(found.reads), found.deferred - found.binds - found.reads, set(found.binds)
 
 
 def _imported(node: ast.Import | ast.ImportFrom) -> list[str]:

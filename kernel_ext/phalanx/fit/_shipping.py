@@ -20,7 +20,7 @@ import hashlib
 import warnings
 from typing import Any, Callable, Iterable, Mapping
 
-from ._scope import notebook_reads
+from ._scope import split_reads
 
 LARGE_OBJECT_BYTES = 100 * 2**20
 
@@ -43,14 +43,15 @@ def resolve_names(body: str, user_ns: Mapping[str, Any], injected: Iterable[str]
     re-opens ``f`` or re-imports ``cudnn`` before using it does not ship the notebook's.  A name
     the cell binds somewhere (later, or in one branch only) is not missing.
     """
-    reads, binds = notebook_reads(body)
+    reads, deferred, binds = split_reads(body)
     injected = set(injected)
     shipped: dict[str, Any] = {}
     missing = []
-    for name in sorted(reads - injected):
+    for name in sorted((reads | deferred) - injected):
         if name in user_ns and name not in _IPYTHON_NAMES and not name.startswith("_i"):
             shipped[name] = user_ns[name]
-        elif name not in binds and not hasattr(builtins, name) and name not in _IPYTHON_NAMES:
+        elif name in reads and name not in binds and not hasattr(builtins, name) \
+                and name not in _IPYTHON_NAMES:
             missing.append(name)
     if missing:
         raise NameError(f"the cell uses {', '.join(repr(m) for m in missing)}, which "

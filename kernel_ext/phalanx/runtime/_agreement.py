@@ -174,6 +174,7 @@ def fingerprints(values: Sequence[Any]) -> np.ndarray:
             array = np.asarray(value, dtype=np.float64)
             out[2 * i:2 * i + 2] = (array.sum(), np.abs(array).sum())
     for indices in on_device.values():
+        assert torch is not None  # only tensors are grouped by device
         with torch.no_grad():
             sums = []
             for i in indices:

@@ -28,6 +28,7 @@ from ._resume import StopForResize, make_checkpointer
 from ._seam import Outcome, RankResult, RunSpec
 from ._state import RunContext, engine_state
 from ._threads import share_cores
+from ._torchrun_world import torchrun_world
 
 CELL_FILENAME = "<distributed_fit>"
 log = logging.getLogger("phalanx")
@@ -91,7 +92,7 @@ def _run_cell(spec: RunSpec, shard_blobs: dict[str, bytes] | None, gate: Interru
         hooks = _install_hooks(run, namespace)
         code = _compile(spec.body)
         profiler = _start_profiler(spec.profile, run.device)
-        with _as_main(main):
+        with _as_main(main), torchrun_world(spec, group):
             exec(code, namespace)
         finish_uneven(run)  # ranks that still train get answers until every rank is done
         for strategy, params_fn in run.tracked:
@@ -101,14 +102,14 @@ def _run_cell(spec: RunSpec, shard_blobs: dict[str, bytes] | None, gate: Interru
         _cleanup(run, hooks)
         hooks = None
         payload = _returns(spec, namespace)
-        return RankResult(Outcome.OK, steps=run.steps, wall_s=time.time() - started,
+        return RankResult(Outcome.OK, steps=run.progress, wall_s=time.time() - started,
                           returns=_dump_returns(payload, sent) if payload is not None else None,
                           profile=profiler.result() if profiler is not None else None,
                           **_progress(run))
     except StopForResize as stop:  # every rank stops at the same commit: nothing to release
         gate.close()
         return RankResult(Outcome.RESIZED, error="StopForResize", message=str(stop),
-                          steps=run.steps if run else 0, wall_s=time.time() - started,
+                          steps=run.progress if run else 0, wall_s=time.time() - started,
                           **_progress(run))
     except BaseException as exc:  # KeyboardInterrupt too: the kernel asked us to stop
         gate.close()  # this rank reports now; a later interrupt must not replace its error
@@ -116,7 +117,7 @@ def _run_cell(spec: RunSpec, shard_blobs: dict[str, bytes] | None, gate: Interru
         # not replace the error that caused it.
         outcome = Outcome.INTERRUPTED if isinstance(exc, KeyboardInterrupt) else Outcome.RAISED
         failure = RankResult(outcome, error=type(exc).__name__, message=str(exc),
-                             traceback=_format_traceback(exc), steps=run.steps if run else 0,
+                             traceback=_format_traceback(exc), steps=run.progress if run else 0,
                              host=socket.gethostname(), pid=os.getpid(),
                              # the ranks a collective error blames (missing, dead): names a
                              # stalled peer
@@ -308,15 +309,14 @@ def _seed(seed: int | None, rank: int) -> None:
 
 
 def _install_hooks(run: RunContext, namespace: dict) -> Any:
-    from ._hooks import StepHooks, attach_existing_optimizers, is_incremental_estimator, \
-        patch_partial_fit
+    from ._estimators import install_estimator_sync, patch_namespace_estimators
+    from ._hooks import StepHooks, attach_existing_optimizers
 
     hooks = StepHooks(run)
     hooks.install()
     attach_existing_optimizers(hooks, namespace)
-    for value in list(namespace.values()):
-        if is_incremental_estimator(value):
-            patch_partial_fit(value, run)
+    install_estimator_sync(run)  # undone by _cleanup, through run.extra_cleanup
+    patch_namespace_estimators(run, namespace)
     return hooks
 
 

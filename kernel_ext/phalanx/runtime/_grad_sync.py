@@ -225,7 +225,7 @@ class GradientSync:
             return None  # not a parameter we average (it left the optimizer, or DDP has it)
         if self._clock is not None:
             self._clock.mark("backward_s")  # the step clock: backward starts about now
-        info = self.join.round(KIND_GRADIENTS, self.run.steps, self.run.steps)
+        info = self.join.round(KIND_GRADIENTS, self.run.steps, self.run.progress)
         layout.reset()
         self._pass = _Pass(info, layout, self._overlaps(layout))
         Variable._execution_engine.queue_callback(self._end_of_backward)
@@ -256,8 +256,11 @@ class GradientSync:
         try:
             if current is not None:
                 self._finish(current)
+                self.run.passes += 1
                 if not self.run.strategies:  # no optimizer steps: a pass is the step's end
                     self.step_ended()
+                    if self.run.metrics is not None:
+                        self.run.metrics.set_step(self.run.passes)
         finally:
             if self._clock is not None:
                 self._clock.mark("other_s")  # between backward and the optimizer step

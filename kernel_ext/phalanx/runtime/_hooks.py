@@ -9,8 +9,9 @@ While a cell runs, phalanx
   act on gradients, so clipping, GradScaler and logging see single-process gradients;
 * registers torch's global optimizer step pre/post hooks: after ``step()`` the strategy may
   average parameters, and the step is counted;
-* patches ``partial_fit`` of scikit-learn estimators the cell received, so incremental learners
-  get parameter averaging through the same strategies.
+* makes ``partial_fit`` of scikit-learn estimators (received or built by the cell) merge across
+  ranks: exactly for count-based estimators, through the same strategies for gradient-trained
+  ones, with a warning for the rest (:mod:`._estimators`).
 
 Ranks that run out of data early keep answering the others (:mod:`._join`).  Everything is undone
 when the cell ends.  ``wrap(model)`` gives DistributedDataParallel itself, with a comm hook
@@ -196,13 +197,13 @@ def finish_uneven(run: RunContext) -> None:
             strategy, params_fn = run.tracked[kind - KIND_GRADIENTS - 1]
             strategy.after_step(params_fn(), step)
 
-    info = run.join.serve(run.steps, shadow)
+    info = run.join.serve(run.progress, shadow)
     if len(set(info.steps)) > 1:
+        from ._agreement import trained_values
         from ._sync import param_values
 
         src = info.steps.index(max(info.steps))
-        for _strategy, params_fn in run.tracked:
-            run.collectives.broadcast(param_values(params_fn()), src=src)
+        run.collectives.broadcast(param_values(trained_values(run)), src=src)
 
 
 @contextlib.contextmanager
@@ -235,38 +236,8 @@ def no_sync(model: Any) -> Iterator[None]:
 
 # --- scikit-learn incremental learners --------------------------------------------------------
 
-def _sklearn_params(estimator: Any) -> list:
-    return [getattr(estimator, name) for name in ("coef_", "intercept_")
-            if getattr(estimator, name, None) is not None]
-
-
-def is_incremental_estimator(obj: Any) -> bool:
-    return hasattr(obj, "partial_fit") and hasattr(obj, "get_params") and not isinstance(obj, type)
-
-
-def patch_partial_fit(estimator: Any, run: RunContext) -> Any:
-    """Make ``estimator.partial_fit`` average ``coef_``/``intercept_`` through the strategy."""
-    if "partial_fit" in vars(estimator):
-        return estimator
-    original = estimator.partial_fit
-    strategy = _make_strategy(run)
-
-    def partial_fit(*args: Any, **kwargs: Any) -> Any:
-        result = original(*args, **kwargs)
-        for name in ("coef_", "intercept_"):  # averaging happens in place: need own buffers
-            value = getattr(estimator, name, None)
-            if value is not None and not value.flags.c_contiguous:
-                setattr(estimator, name, value.copy(order="C"))
-        strategy.after_step(_sklearn_params(estimator), run.steps)  # 0-based, like torch's
-        run.steps += 1
-        if run.metrics is not None:
-            run.metrics.set_step(run.steps)
-        return result
-
-    estimator.partial_fit = partial_fit
-    run.tracked.append((strategy, lambda e=estimator: _sklearn_params(e)))
-    run.extra_cleanup.append(lambda e=estimator: e.__dict__.pop("partial_fit", None))
-    return estimator
+# ``wrap()`` and the runtime use these; the merge rules live in ._estimators
+from ._estimators import is_incremental_estimator, patch_partial_fit  # noqa: E402,F401
 
 
 # --- DDP -------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ class RunContext:
     every: int = 1
     alpha: float = 0.5
     steps: int = 0                      # optimizer steps (or partial_fit calls) so far
+    passes: int = 0                     # backward passes whose gradients were averaged
     log_calls: int = 0
     metrics: Any = None                 # MetricsSender
     collectives: Any = None             # Collectives (dispatching communicator)
@@ -48,6 +49,13 @@ class RunContext:
     overlap: str = "auto"               # auto | on | off (--overlap, see _grad_sync)
     check_every: int = 100              # steps between agreement checks (see _agreement)
     agreement: str = "at_end"           # the strategy's promise (SyncStrategy.agreement)
+
+
+    @property
+    def progress(self) -> int:
+        """How far this rank got: its optimizer steps, or where it took none (a hand-written
+        update), its averaged backward passes."""
+        return self.steps or self.passes
 
 
 class EngineState:

@@ -5,7 +5,8 @@ An optimizer is one way a loop trains, not the only one: a hand-written update
 cell trains, wherever it was built, rather than at optimizers:
 
 * **first forward**: while a *discovery window* is open, torch's global forward pre-hook sees
-  every module call; a module run with gradients on whose parameters phalanx has not synced yet
+  every module call; a module in training mode run with gradients on whose parameters phalanx
+  has not synced yet
   gets rank 0's parameters and buffers (one broadcast) before it computes anything, and its
   parameters get their gradients averaged when backward returns (:mod:`._grad_sync`).  The
   window is open from the start of the run and again whenever a module registers a new
@@ -127,8 +128,10 @@ class TrainingWatch:
     def _on_forward(self, module: Any, args: Any) -> None:
         import torch
 
-        if not torch.is_grad_enabled() or torch.compiler.is_compiling():
-            return  # evaluation (or tracing): nothing is trained by this call
+        if not module.training or not torch.is_grad_enabled() or torch.compiler.is_compiling():
+            # evaluation (or tracing): nothing is trained by this call, and evaluation may run
+            # on one rank alone, where a broadcast would wait for the others
+            return
         if id(module) in self._framework_modules:
             return
         if isinstance(module, torch.nn.parallel.DistributedDataParallel) or _is_fsdp(module):
