@@ -177,13 +177,14 @@ def _shielded(fn: Any, *args: Any) -> None:
 
 def _namespace(spec: RunSpec, shard_blobs: dict[str, bytes] | None) -> tuple[Any, dict]:
     """The run's ``__main__`` module (see :func:`_as_main`): the shipped names rebuilt in its
-    dict as one object graph (:mod:`._graph_pickle`), then this rank's shards; and where each
-    shipped object came from (for ``--return``)."""
+    dict as one object graph (:mod:`._graph_pickle`), then this rank's shards; and, on the rank
+    that returns values, where each shipped object came from (elsewhere nothing: the map holds
+    every shipped object, a model's first host copy too, for the whole run)."""
     import types
 
     import cloudpickle
 
-    from ._graph_pickle import load_names
+    from ._graph_pickle import load_names, origins
 
     cache = engine_state().cache
     missing = [name for name in spec.names if name not in cache]
@@ -196,7 +197,7 @@ def _namespace(spec: RunSpec, shard_blobs: dict[str, bytes] | None) -> tuple[Any
     _track_scheduled_steps(memos)
     for name, part in (shard_blobs or {}).items():
         namespace[name] = cloudpickle.loads(part)
-    return module, memos
+    return module, (origins(memos) if spec.returns and spec.rank == 0 else {})
 
 
 def _track_scheduled_steps(memos: dict) -> None:
@@ -354,11 +355,11 @@ def _returns(spec: RunSpec, namespace: dict) -> dict | None:
 
 
 def _dump_returns(payload: dict, sent: dict) -> bytes:
-    """What rank 0 returns; objects the notebook sent go back as the notebook's own, with their
-    new state (see :mod:`._graph_pickle`)."""
-    from ._graph_pickle import dumps_returns, origins
+    """What rank 0 returns; objects the notebook sent (``sent``: their origins) go back as the
+    notebook's own, with their new state (see :mod:`._graph_pickle`)."""
+    from ._graph_pickle import dumps_returns
 
-    return dumps_returns(payload, origins(sent))
+    return dumps_returns(payload, sent)
 
 
 def _is_ddp(value: Any) -> bool:
