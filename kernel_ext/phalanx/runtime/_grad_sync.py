@@ -102,10 +102,10 @@ class GradientSync:
         they go to a group of the run's own strategy (an optimizer holding them later keeps
         them there)."""
         if self._adopted is None:
-            from ._hooks import _make_strategy
+            from ._sync import run_strategy
 
             self._adopted = _Adopted()
-            self._groups.append((_make_strategy(self.run), self._adopted))
+            self._groups.append((run_strategy(self.run), self._adopted))
         self._adopted.add(params)
         self.refresh()
 

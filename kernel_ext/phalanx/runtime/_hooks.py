@@ -27,13 +27,7 @@ from typing import Any, Callable, Iterator
 from ._join import KIND_CHECK, KIND_GRADIENTS
 from ._agreement import check_every_steps
 from ._state import RunContext, current_run, engine_state
-
-
-def _make_strategy(run: RunContext) -> Any:
-    """A new instance of the run's strategy (one per optimizer, estimator or adopted group)."""
-    from ._sync import make_strategy
-
-    return make_strategy(run.strategy_spec, run.collectives, run.every, run.alpha)
+from ._sync import run_strategy
 
 
 def _optimizer_params(optimizer: Any) -> list:
@@ -66,7 +60,7 @@ class StepHooks:
         # _training_watch.  Strategies that keep ranks apart on purpose get no syncing.
         from ._training_watch import TrainingWatch
 
-        kind = _make_strategy(run)
+        kind = run_strategy(run)
         run.agreement = kind.agreement
         self.watch = None if kind.agreement == "never" else \
             TrainingWatch(run, self.grads.adopt, kind.averages_gradients)
@@ -114,7 +108,7 @@ class StepHooks:
         key = id(optimizer)
         if key in self.run.strategies:
             return
-        strategy = _make_strategy(self.run)
+        strategy = run_strategy(self.run)
         params = _optimizer_params(optimizer)
         strategy.start(params)
         if self.watch is not None:
@@ -291,7 +285,7 @@ def wrap(obj: Any) -> Any:
     ddp = DistributedDataParallel(obj, device_ids=[torch.cuda.current_device()] if on_cuda else None)
     from ._sync import AllreduceSync
 
-    strategy = _make_strategy(run)
+    strategy = run_strategy(run)
     if not strategy.averages_gradients:
         ddp.register_comm_hook(None, _noop_hook)
     elif type(strategy).average_gradients is not AllreduceSync.average_gradients:

@@ -288,6 +288,12 @@ def make_strategy(spec: str | type, comm: Communicator, every: int = 1,
     return cls(comm, every=every, alpha=alpha)
 
 
+def run_strategy(run: Any) -> SyncStrategy:
+    """A new instance of a run's strategy, from its flags (one per optimizer, estimator or
+    group of parameters trained without an optimizer)."""
+    return make_strategy(run.strategy_spec, run.collectives, run.every, run.alpha)
+
+
 def _resolve(spec: Any) -> Any:
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"sync strategy must be a name or a dotted class path, got {spec!r}")

@@ -95,12 +95,11 @@ class _EstimatorSync:
         return result
 
     def _open(self, est: Any) -> _Rule:
-        from .._sync import NoSync, make_strategy
+        from .._sync import NoSync, run_strategy
 
         run = self.run
         rule = self.rule = _choose_rule(est)
-        strategy = self.strategy = make_strategy(run.strategy_spec, run.collectives, run.every,
-                                                 run.alpha)
+        strategy = self.strategy = run_strategy(run)
         self.active = not isinstance(strategy, NoSync) and not (
             run.world_size == 1 and strategy.identity_on_one_rank)
         self.fitted_before = _is_fitted(est)

@@ -6,10 +6,11 @@ from __future__ import annotations
 import functools
 import threading
 import types
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from ._install import _RunSync
+# A run's estimator state (``_install._RunSync``), named here by an alias: importing it would
+# make a cycle (the state undoes the class patching this module does).
+_RunSync = Any
 
 _LOCK = threading.RLock()
 _STATES: dict[int, _RunSync] = {}      # id(run) -> its state (one run per engine; tests: more)
