@@ -21,23 +21,19 @@ chosen by the strategy.
 from __future__ import annotations
 
 import contextlib
-import sys
 from typing import Any, Callable, Iterator
 
-from ._join import KIND_CHECK, KIND_GRADIENTS
 from ._agreement import check_every_steps
+from ._join import KIND_CHECK, KIND_GRADIENTS
 from ._state import RunContext, current_run, engine_state
 from ._sync import run_strategy
+from ._training_watch import TrainingWatch, is_dtensor
 
 
 def _optimizer_params(optimizer: Any) -> list:
     """What the strategy syncs: the optimizer's parameters but DTensors (FSDP2 keeps its
     shards in step itself; their local pieces differ from rank to rank by design)."""
-    dtensor = sys.modules.get("torch.distributed.tensor")
-    if dtensor is None:
-        return [p for group in optimizer.param_groups for p in group["params"]]
-    return [p for group in optimizer.param_groups for p in group["params"]
-            if not isinstance(p, dtensor.DTensor)]
+    return [p for group in optimizer.param_groups for p in group["params"] if not is_dtensor(p)]
 
 
 class StepHooks:
@@ -58,8 +54,6 @@ class StepHooks:
         self._skip: set[int] = set()  # optimizers whose strategy does nothing here
         # What trains, found as the cell runs (not only what optimizers hold): see
         # _training_watch.  Strategies that keep ranks apart on purpose get no syncing.
-        from ._training_watch import TrainingWatch
-
         kind = run_strategy(run)
         run.agreement = kind.agreement
         self.watch = None if kind.agreement == "never" else \

@@ -202,8 +202,12 @@ def _ours(run: Any, tensor: Any) -> bool:
 def framework_synced(run: Any, tensor: Any) -> bool:
     """A tensor a framework keeps in sync itself: a DDP module's parameter (``wrap()`` or the
     cell's own DDP) or a DTensor (FSDP2's ``fully_shard``, tensor parallelism)."""
-    if id(tensor) in run.ddp_param_ids:
-        return True
+    return id(tensor) in run.ddp_param_ids or is_dtensor(tensor)
+
+
+def is_dtensor(tensor: Any) -> bool:
+    """A DTensor (FSDP2, tensor parallelism): its local piece differs from rank to rank by
+    design, and its framework keeps it in step."""
     dtensor = sys.modules.get("torch.distributed.tensor")
     return dtensor is not None and isinstance(tensor, dtensor.DTensor)
 
