@@ -15,7 +15,12 @@ that takes it down.  An engine already holds the warm default group the cells sh
 * refuses launchers that would fork or spawn more ranks from this one
   (``torch.multiprocessing.spawn``/``start_processes``, torch's elastic launch, used by
   Lightning's ``ddp_spawn``/``ddp_fork``/``ddp_notebook`` and accelerate's ``notebook_launcher``):
-  their children would wait in a collective with peers that never come, and outlive the run.
+  their children would wait in a collective with peers that never come, and outlive the run;
+* hides the engine's interactive prompt (``sys.ps1``, which the engines have) and the
+  ``_IS_INTERACTIVE`` flags Lightning computed from it at import (:func:`_not_interactive`):
+  an engine runs the cell as torchrun runs a script, and Lightning refuses
+  ``Trainer(strategy="ddp")`` in "an interactive environment" (it would relaunch the notebook as
+  a script; under torchrun's variables it launches nothing).
 
 ``multiprocessing.Process`` and ``Pool`` stay untouched: DataLoader workers use them.
 
@@ -111,8 +116,47 @@ def torchrun_world(spec: Any, group: Any = None) -> Iterator[dict[str, str]]:
     :class:`~._group.GroupHandle`) is accepted for symmetry; the default group itself is read
     from torch.  Yields the variables set."""
     env = torchrun_env(spec.rank, spec.world_size, spec.group.hosts, spec.run_id)
-    with _environment(env), _patched(_patches(spec.rank, spec.world_size)):
+    with _environment(env), _patched(_patches(spec.rank, spec.world_size)), _not_interactive():
         yield env
+
+
+# Lightning (lightning.fabric.utilities.imports) evaluates hasattr(sys, "ps1") once, at import, and
+# its modules copy the result under this name.
+_INTERACTIVE_FLAG = "_IS_INTERACTIVE"
+
+
+@contextlib.contextmanager
+def _not_interactive(modules: MutableMapping[str, Any] = sys.modules) -> Iterator[None]:
+    """No ``sys.ps1`` for the block, and every loaded module's ``_IS_INTERACTIVE`` flag False (one
+    imported meanwhile computes False itself).  Afterwards ``sys.ps1`` is back, and the flags of
+    modules loaded before it True again; those loaded during it hold what they would outside."""
+    had_prompt = hasattr(sys, "ps1")
+    prompt = getattr(sys, "ps1", None)
+    outside = had_prompt or bool(sys.flags.interactive)   # Lightning's own expression
+    loaded = set(modules)
+    flagged = [m for m in list(modules.values()) if _interactive_flag(m) is True]
+    try:
+        if had_prompt:
+            del sys.ps1
+        for module in flagged:
+            setattr(module, _INTERACTIVE_FLAG, False)
+        yield
+    finally:
+        steps = [functools.partial(setattr, module, _INTERACTIVE_FLAG, True) for module in flagged]
+        steps += [functools.partial(setattr, module, _INTERACTIVE_FLAG, outside)
+                  for name, module in list(modules.items())
+                  if name not in loaded and _interactive_flag(module) is False]
+        if had_prompt:
+            steps.append(functools.partial(setattr, sys, "ps1", prompt))
+        _uninterrupted(steps)
+
+
+def _interactive_flag(module: Any) -> Any:
+    """The module's ``_IS_INTERACTIVE`` (None without one), read without a module __getattr__."""
+    try:
+        return vars(module).get(_INTERACTIVE_FLAG)
+    except TypeError:   # not a module (sys.modules may hold anything)
+        return None
 
 
 @contextlib.contextmanager
