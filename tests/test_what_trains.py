@@ -51,6 +51,29 @@ def test_a_hand_written_update_of_a_model_built_in_the_cell(two_engines, shell):
     np.testing.assert_allclose(_params(shell.user_ns["model"]), _params(ref["model"]), atol=1e-5)
 
 
+UNFROZEN = """
+torch.manual_seed(1 + rank)
+model = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+model[0].weight.requires_grad_(False)      # frozen at its first forward
+for step in range(8):
+    if step == 2:
+        model[0].weight.requires_grad_(True)   # and trained from the third step on
+    model.zero_grad()
+    ((model(X) - y) ** 2).mean().backward()
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.grad is not None:
+                param -= 0.1 * param.grad
+"""
+
+
+def test_a_parameter_frozen_at_first_and_trained_later_is_averaged(two_engines, shell):
+    run_cell(shell, DATA)
+    run_cell(shell, "%%distributed_fit --no-widget --shard X,y --return model\n" + UNFROZEN)
+    ref = _reference(DATA, UNFROZEN)
+    np.testing.assert_allclose(_params(shell.user_ns["model"]), _params(ref["model"]), atol=1e-5)
+
+
 RAW = """
 w = torch.zeros(5, 1, requires_grad=True)
 b = torch.zeros(1, requires_grad=True)

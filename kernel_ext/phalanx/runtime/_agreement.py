@@ -99,9 +99,13 @@ def check_every_steps(run: Any) -> None:
 
 def trained_values(run: Any) -> list[Any]:
     """What the run keeps identical across ranks: the parameters whose gradients it averages
-    or whose optimizer or estimator its strategy syncs, and the buffers it gives every rank
-    from rank 0."""
+    or whose optimizer or estimator its strategy syncs, the buffers it gives every rank from
+    rank 0, and every trainable tensor it gave rank 0's values (one that trained in passes the
+    training watch did not look at would differ: said, not returned)."""
     values: dict[int, Any] = {}
+    if run.watch is not None:
+        for t in run.watch.trainable_synced():
+            values.setdefault(id(t), t)
     if run.grad_sync is not None:
         for p in run.grad_sync.trained_params():
             values.setdefault(id(p), p)

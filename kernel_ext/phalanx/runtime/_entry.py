@@ -139,6 +139,7 @@ def _run_cell(spec: RunSpec, shard_blobs: dict[str, bytes] | None, gate: Interru
         # Python's cycle collector ran: drop our references and collect now where it matters.
         if run is not None:
             run.namespace, run.tracked, run.strategies, run.grad_sync = {}, [], {}, None
+            run.watch = None
         run = hooks = profiler = namespace = main = sent = None
         _shielded(collect_cuda_garbage)
 

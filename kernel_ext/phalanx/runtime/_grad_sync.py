@@ -109,6 +109,10 @@ class GradientSync:
         self._adopted.add(params)
         self.refresh()
 
+    def averages(self, param: Any) -> bool:
+        """Whether ``param``'s gradient is averaged when a backward pass ends."""
+        return id(param) in self._hooks
+
     def trained_params(self) -> list:
         """Every parameter whose gradients this run averages (for the agreement check)."""
         return [p for _strategy, params in self._param_groups() for p in params]

@@ -56,8 +56,8 @@ class StepHooks:
         # _training_watch.  Strategies that keep ranks apart on purpose get no syncing.
         kind = run_strategy(run)
         run.agreement = kind.agreement
-        self.watch = None if kind.agreement == "never" else \
-            TrainingWatch(run, self.grads.adopt, kind.averages_gradients)
+        self.watch = run.watch = None if kind.agreement == "never" else \
+            TrainingWatch(run, self.grads.adopt, kind.averages_gradients, self.grads.averages)
 
     def _skipped(self, strategy: Any) -> bool:
         """On one rank a strategy that says it is the identity there costs nothing."""

@@ -45,6 +45,7 @@ class RunContext:
     checkpoints: Any = None             # Checkpointer with --checkpoint-every / --resume
     join: Any = None                    # JoinControl: uneven inputs (see _join)
     grad_sync: Any = None               # GradientSync: averaging at the end of backward
+    watch: Any = None                   # TrainingWatch: finds what trains (see _training_watch)
     bucket_bytes: int = 25 * 2**20      # gradient bucket size (--bucket-mb)
     overlap: str = "auto"               # auto | on | off (--overlap, see _grad_sync)
     check_every: int = 100              # steps between agreement checks (see _agreement)

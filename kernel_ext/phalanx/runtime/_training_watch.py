@@ -55,9 +55,11 @@ class DivergentLeafError(RuntimeError):
 class TrainingWatch:
     """The hooks of one run that find what trains; ``adopt(params)`` averages their gradients."""
 
-    def __init__(self, run: Any, adopt: Callable[[list], None], averages: bool) -> None:
+    def __init__(self, run: Any, adopt: Callable[[list], None], averages: bool,
+                 averaged: Callable[[Any], bool]) -> None:
         self.run = run
         self._adopt = adopt            # GradientSync.adopt: average these parameters' gradients
+        self._averaged = averaged      # GradientSync.averages: is this one's gradient averaged?
         self._averages = averages      # whether the run's strategy averages gradients at all
         self._synced: set[int] = set()   # ids of tensors that hold rank 0's values
         self._keep: list = []            # ... and the tensors, so those ids stay theirs
@@ -106,6 +108,10 @@ class TrainingWatch:
             if id(t) not in self._synced:
                 self._synced.add(id(t))
                 self._keep.append(t)
+
+    def trainable_synced(self) -> list:
+        """The tensors given rank 0's values that require gradients, in the order synced."""
+        return [t for t in self._keep if _is_tensor(t) and t.requires_grad]
 
     # -- the discovery window ------------------------------------------------------------------
 
@@ -165,11 +171,15 @@ class TrainingWatch:
         leaves = _leaves(roots) if inputs is None else _as_list(inputs)
         if self._fsdp:  # FSDP2 trains its unsharded parameters, which no module lists
             self.run.ddp_param_ids.update(_fsdp_unsharded_ids(self._fsdp))
-        fresh = [t for t in leaves if id(t) not in self._synced and _ours(self.run, t)]
+        # New here: a leaf whose gradient is not averaged yet (with a strategy that averages
+        # gradients: also a parameter synced while frozen and trained since), else one whose
+        # values were never synced.
+        known = self._averaged if self._averages else (lambda t: id(t) in self._synced)
+        fresh = [t for t in leaves if not known(t) and _ours(self.run, t)]
         if not fresh:
             self._close()  # every module that trains is synced: give torch its fast path back
             return
-        self._check_same(fresh)
+        self._check_same(fresh)  # also for ones synced before: they may have drifted since
         self.mark_synced(fresh)
         if self._averages:
             self._adopt(fresh)

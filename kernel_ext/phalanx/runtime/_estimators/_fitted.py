@@ -78,13 +78,9 @@ _SGD_AVERAGE = ("_average_coef", "_average_intercept", "_standard_coef", "_stand
 def _unique(arrays: Sequence[Any]) -> list[Any]:
     """Drop arrays viewing memory already listed (``coef_`` is often a view of another one):
     a strategy must see each parameter once."""
-    seen, out = set(), []
-    for array in arrays:
-        key = (array.__array_interface__["data"][0], array.nbytes)
-        if key not in seen:
-            seen.add(key)
-            out.append(array)
-    return out
+    from ..transport._shm_layout import distinct
+
+    return distinct(list(arrays))
 
 
 def _float_arrays(estimator: Any, exclude: frozenset = _BOOKKEEPING) -> list[Any]:
