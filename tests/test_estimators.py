@@ -25,9 +25,10 @@ from sklearn.neural_network import MLPClassifier
 from sklearn.preprocessing import MaxAbsScaler, MinMaxScaler, StandardScaler
 
 from conftest import run_cell
-from phalanx.runtime._estimators import (EstimatorAveragingWarning, EstimatorSyncError, _ImportWatch,
-                                         _Patched, fitted_state, install_estimator_sync, merge_rule,
+from phalanx.runtime._estimators import (EstimatorAveragingWarning, EstimatorSyncError, _Patched,
+                                         fitted_state, install_estimator_sync, merge_rule,
                                          patch_namespace_estimators, patch_partial_fit)
+from phalanx.runtime._import_watch import ImportWatch
 from phalanx.runtime._state import RunContext
 from phalanx.runtime.transport._comm import make_thread_communicators
 
@@ -522,7 +523,7 @@ def test_import_watch_runs_its_callback_after_the_module(tmp_path, monkeypatch):
     (tmp_path / "phalanx_watched_mod.py").write_text("VALUE = 41\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     seen = []
-    watch = _ImportWatch("phalanx_watched_mod",
+    watch = ImportWatch("phalanx_watched_mod",
                          lambda: seen.append(sys.modules["phalanx_watched_mod"].VALUE))
     sys.meta_path.insert(0, watch)
     try:

@@ -272,3 +272,199 @@ def test_a_framework_trains_as_under_its_launcher(name, launched, two_engines, s
                for prompt, flag in after), after
     run_cell(shell, NEXT_CELL)
     assert shell.user_ns["total"] == 3.0
+
+
+# --- what the frameworks log reaches the live views; their progress bars stay one line ---------
+
+HF_LOGGING = """\
+import torch
+from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
+
+torch.manual_seed(0)
+config = BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                    intermediate_size=37, max_position_embeddings=16, num_labels=2)
+data = [{"input_ids": torch.randint(0, 64, (8,)), "labels": torch.tensor(i % 2)} for i in range(64)]
+args = TrainingArguments(output_dir=OUT, use_cpu=True, report_to="none", max_steps=6,
+                         per_device_train_batch_size=4, logging_steps=1, save_strategy="no")
+Trainer(model=BertForSequenceClassification(config), args=args, train_dataset=data).train()
+"""
+
+LIGHTNING_LOGGING = """\
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+import lightning as L
+
+
+class Regressor(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(5, 1)
+
+    def training_step(self, batch, batch_idx):
+        loss = F.mse_loss(self.net(batch[0]), batch[1])
+        self.log("train_loss", loss)
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, logger=False,
+                    log_every_n_steps=1, enable_checkpointing=False, enable_model_summary=False,
+                    default_root_dir=OUT)
+trainer.fit(Regressor(), DataLoader(TensorDataset(X, y), batch_size=8))
+"""
+
+
+ACCELERATE_LOGGING = """\
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+from accelerate import Accelerator
+
+accelerator = Accelerator(cpu=True)
+model = torch.nn.Linear(5, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = DataLoader(TensorDataset(X, y), batch_size=8)
+model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+for xb, yb in loader:
+    optimizer.zero_grad()
+    loss = F.mse_loss(model(xb), yb)
+    accelerator.backward(loss)
+    optimizer.step()
+    accelerator.log({"train_loss": loss.item(), "note": "text is not a curve"})
+"""
+
+
+def _wrapped_on_engines(session) -> list:
+    """Per engine: the framework methods that still carry phalanx's wrapper (none after a run)."""
+    def wrapped():
+        import sys
+
+        found = []
+        for module, cls, method in (("transformers.trainer", "Trainer", "log"),
+                                    ("accelerate.accelerator", "Accelerator", "log"),
+                                    ("torch.utils.data.distributed", "DistributedSampler",
+                                     "__init__")):
+            owner = getattr(sys.modules.get(module), cls, None)
+            function = getattr(owner, method, None)
+            if getattr(function, "_phalanx_records", False) or hasattr(function, "__wrapped__"):
+                found.append(f"{cls}.{method}")
+        return found
+
+    return session.cluster.view().apply_sync(wrapped)
+
+
+def _mpi_started() -> bool:
+    import sys
+
+    return "mpi4py.MPI" in sys.modules
+
+
+def _logged(session, name: str) -> dict[int, list[int]]:
+    """The steps at which each rank recorded ``name``."""
+    steps: dict[int, list[int]] = {}
+    for row in session.last_run().history.rows():
+        if name in row and row[name] == row[name]:  # NaN: the row has other metrics only
+            steps.setdefault(row["rank"], []).append(row["step"])
+    return steps
+
+
+def _bar_lines(out: str, rank: int) -> list[str]:
+    return [line for line in out.splitlines() if line.startswith(f"[rank {rank}]") and "it/s]" in line
+            or line.startswith(f"[rank {rank}]") and "s/it]" in line]
+
+
+@cluster
+def test_a_trainers_logged_metrics_reach_the_run_history_and_its_bar_is_one_line(
+        two_engines, shell, tmp_path, capsys):
+    """Hugging Face's loss and learning rate, logged every step, are each rank's rows at steps
+    1..6 without a log() call; the run knows its 6 steps; tqdm's redraws come out as one line."""
+    capsys.readouterr()
+    run_cell(shell, f"%%distributed_fit --no-widget\nOUT = {str(tmp_path / 'hf')!r}\n" + HF_LOGGING)
+    out = capsys.readouterr().out
+    assert _logged(two_engines, "loss") == {0: [1, 2, 3, 4, 5, 6], 1: [1, 2, 3, 4, 5, 6]}
+    assert set(_logged(two_engines, "learning_rate")) == {0, 1}
+    assert "train_runtime" not in two_engines.last_run().history.rows()[-1]
+    assert two_engines.last_run().total_steps == 6
+    assert len(_bar_lines(out, 0)) <= 2, out   # the training bar (and no redraw of it)
+    assert _wrapped_on_engines(two_engines) == [[], []]   # the framework is as it was
+
+
+@cluster
+def test_lightnings_self_log_reaches_the_run_history_and_shard_split_twice_is_said(
+        two_engines, shell, tmp_path, capsys):
+    """``self.log`` rows arrive per rank at each optimizer step; --shard data that Lightning's
+    DistributedSampler splits again is said in the cell, once."""
+    import torch
+
+    torch.manual_seed(0)
+    shell.user_ns.update(X=torch.randn(64, 5), y=torch.randn(64, 1))
+    capsys.readouterr()
+    run_cell(shell, "%%distributed_fit --no-widget --shard X,y\n"
+             f"OUT = {str(tmp_path / 'pl')!r}\n" + LIGHTNING_LOGGING)
+    captured = capsys.readouterr()
+    out = captured.out + captured.err
+    # 32 rows per rank, Lightning's sampler takes 16 of them: 2 batches an epoch, 2 epochs
+    assert _logged(two_engines, "train_loss") == {0: [1, 2, 3, 4], 1: [1, 2, 3, 4]}
+    assert two_engines.last_run().total_steps == 4
+    print(out)
+    assert out.count("DoubleSplitWarning") == 1, out
+    assert "--shard X,y" in out and "1/4 of the data" in out
+    assert "[rank 0] <distributed_fit>:" in out          # it names the cell's line
+    assert len(_bar_lines(out, 0)) <= 2, out
+    # Lightning took torchrun's world (its TorchElastic environment) and never probed for MPI,
+    # whose start-up leaves a file in /dev/shm behind an engine that is stopped or restarted
+    assert two_engines.cluster.view().apply_sync(_mpi_started) == [False, False]
+
+
+@cluster
+def test_accelerators_log_reaches_the_run_history_and_shard_split_twice_is_said(
+        two_engines, shell, capsys):
+    """``accelerator.log`` rows are each rank's own numbers (text left out); accelerate's
+    ``prepare`` splitting --shard data again is said once, then nothing stays wrapped."""
+    import torch
+
+    torch.manual_seed(0)
+    shell.user_ns.update(X=torch.randn(64, 5), y=torch.randn(64, 1))
+    capsys.readouterr()
+    run_cell(shell, "%%distributed_fit --no-widget --shard X,y\n" + ACCELERATE_LOGGING)
+    captured = capsys.readouterr()
+    out = captured.out + captured.err
+    assert _logged(two_engines, "train_loss") == {0: [1, 2], 1: [1, 2]}
+    assert "note" not in two_engines.last_run().history.rows()[0]
+    assert out.count("DoubleSplitWarning") == 1 and "accelerate's prepare" in out, out
+    assert _wrapped_on_engines(two_engines) == [[], []]
+
+
+def test_a_progress_bar_comes_out_as_its_last_drawing():
+    """tqdm's carriage-return redraws and a colour-only line: one line each, as a terminal
+    leaves them."""
+    from phalanx.fit._output import as_shown
+
+    bar = "".join(f"\r{i * 10:3d}%|{'#' * i:<10}| {i}/10" for i in range(11)) + "\n"
+    assert as_shown("epoch 1\n" + bar + "\x1b[?25h\n\ndone\n") == [
+        "epoch 1", "100%|##########| 10/10", "", "done"]
+
+
+def test_a_framework_imported_by_the_cell_is_wrapped_once_it_loads(tmp_path, monkeypatch):
+    """The watch fires when the module loads (not before), and a withdrawn watch never does."""
+    from phalanx.runtime._import_watch import when_loaded
+
+    (tmp_path / "phalanx_fw_probe.py").write_text("class Trainer:\n    pass\n")
+    (tmp_path / "phalanx_fw_never.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    loaded: list = []
+    when_loaded("phalanx_fw_probe", loaded.append)
+    withdraw = when_loaded("phalanx_fw_never", loaded.append)
+    assert loaded == []
+    withdraw()
+    import phalanx_fw_never  # noqa: F401
+    import phalanx_fw_probe
+
+    assert loaded == [phalanx_fw_probe]
+    when_loaded("phalanx_fw_probe", loaded.append)   # loaded already: at once
+    assert loaded == [phalanx_fw_probe, phalanx_fw_probe]
+    for name in ("phalanx_fw_probe", "phalanx_fw_never"):
+        monkeypatch.delitem(sys.modules, name)

@@ -646,3 +646,44 @@ def test_a_new_group_works_and_is_really_destroyed(engines, shell):
     run_cell(shell, NEW_GROUP)
     assert shell.user_ns["sums"] == (3.0, 2.0)
     assert shell.user_ns["gone"] is True
+
+
+# ------------------------------------------------- what a failed cell started ends with it
+
+STARTS_CHILDREN = """%%distributed_fit --no-widget --timeout 4
+import multiprocessing, subprocess, time
+sleeper = subprocess.Popen(["sleep", "300"])
+worker = multiprocessing.Process(target=time.sleep, args=(300,))
+worker.start()
+with open(f"{DIR}/{rank}", "w") as pids:
+    pids.write(f"{sleeper.pid} {worker.pid}")
+while True:
+    time.sleep(0.05)
+"""
+
+
+@cluster
+def test_what_a_timed_out_cell_started_ends_with_it_and_the_engines_go_on(engines, shell, tmp_path):
+    """A subprocess and a multiprocessing child the cell started (then the cell overran
+    --timeout) are gone when the cell's error is shown; the engines' own children stay."""
+    import psutil
+
+    from phalanx.fit import DistributedFitError
+
+    children = engines.apply_sync(_children)
+    shell.user_ns["DIR"] = str(tmp_path)
+    with pytest.raises(DistributedFitError, match="--timeout 4"):
+        run_cell(shell, STARTS_CHILDREN)
+    started = [int(pid) for rank in (0, 1) for pid in (tmp_path / str(rank)).read_text().split()]
+    assert len(started) == 4
+
+    def running(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    assert [pid for pid in started if running(pid)] == []   # gone before the error was shown
+    assert engines.apply_sync(_children) == children
+    run_cell(shell, NEXT_CELL)
+    assert shell.user_ns["total"] == 3.0

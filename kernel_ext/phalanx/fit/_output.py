@@ -1,10 +1,25 @@
-"""Stream what the ranks print into the cell as it arrives, one ``[rank r]`` prefix per line."""
+r"""Stream what the ranks print into the cell as it arrives, one ``[rank r]`` prefix per line.
+
+A progress bar (tqdm, which Hugging Face, Lightning and most loops use) redraws its line with
+carriage returns: a terminal shows only the last drawing.  So does the cell: each line comes out
+as its last frame once the line is complete, one line per bar per rank, not one per redraw.
+
+Example::
+
+    >>> as_shown("epoch 1\r 10%|#   | 1/10\r100%|##########| 10/10\n")
+    ['100%|##########| 10/10']
+"""
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from typing import Any
+
+
+# Terminal control sequences (colours, cursor show/hide): a frame made only of them draws nothing.
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
 class OutputStreamer:
@@ -25,7 +40,7 @@ class OutputStreamer:
                 if end > start:
                     chunk = text[start:end]
                     self._seen[(rank, stream)] = end
-                    sink.write("".join(f"[rank {rank}] {line}\n" for line in chunk.splitlines()))
+                    sink.write("".join(f"[rank {rank}] {line}\n" for line in as_shown(chunk)))
 
     def finish(self, returned: list[Any], grace_s: float) -> None:
         """Print the rest, the last line too when it has no newline. ipyparallel can deliver a
@@ -41,3 +56,16 @@ def _text(value: Any) -> str:
     if isinstance(value, list):  # a multi-engine result; ours are single-engine
         return value[0] if value else ""
     return value or ""
+
+
+def as_shown(chunk: str) -> list[str]:
+    """The lines of ``chunk`` as a terminal leaves them: each line's last non-blank frame (the
+    text after its last carriage return: tqdm redraws so); a line that only sets the terminal
+    (shows the cursor again) is left out."""
+    lines = chunk[:-1].split("\n") if chunk.endswith("\n") else chunk.split("\n")
+    shown = []
+    for line in lines:
+        frames = [frame for frame in line.split("\r") if _ANSI.sub("", frame).strip()]
+        if frames or not line:  # a blank line stays; one of control sequences goes
+            shown.append(frames[-1] if frames else "")
+    return shown

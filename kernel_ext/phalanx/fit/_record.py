@@ -35,6 +35,8 @@ class RunRecord:
     digest: Any = None
     # Each rank's step parts through the run, at bounded size (a PartsSeries)
     parts_series: Any = None
+    # The optimizer steps the run was to take: --steps, else what the training framework said
+    total_steps: int | None = None
 
     @property
     def history_path(self) -> str | None:

@@ -183,7 +183,7 @@ class FitRunner:
                            _exact_steps(tracker, results), tracker.history, changes=list(job.changes),
                            digest=tracker.digest, parts_series=tracker.parts_series,
                            memory=tracker.memory.peaks(),
-                           timing=tracker.timing.totals())
+                           timing=tracker.timing.totals(), total_steps=tracker.total_steps)
         record.manifest = build_manifest(job.opts, slots, job.backend, prepared, versions, record)
         record.manifest["history"] = record.history_manifest()
         record.manifest["checkpoint"] = _checkpoint_manifest(job.lineage, results)

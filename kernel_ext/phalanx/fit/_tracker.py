@@ -82,6 +82,9 @@ class RunTracker:
             self.steps[rank] = max(self.steps.get(rank, 0), int(message.get("step", 0)))
             self._meters.setdefault(rank, RateMeter()).add(time.time(), self.steps[rank])
             self.warnings.extend(message.get("warnings", []))
+            total = message.get("total")
+            if self.total_steps is None and isinstance(total, int) and total > 0:
+                self.total_steps = total  # a framework's own count: the cell gave no --steps
             if message.get("final"):
                 self.final.add(rank)
             self._batches += 1

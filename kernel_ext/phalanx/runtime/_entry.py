@@ -25,12 +25,12 @@ from ._hooks import finish_uneven
 from ._interrupts import InterruptGate
 from ._memory import collect_cuda_garbage
 from ._resume import StopForResize, make_checkpointer
-from ._seam import Outcome, RankResult, RunSpec
+from ._run_children import end_children_since
+from ._seam import CELL_FILENAME, Outcome, RankResult, RunSpec
 from ._state import RunContext, engine_state
 from ._threads import share_cores
 from ._torchrun_world import torchrun_world
 
-CELL_FILENAME = "<distributed_fit>"
 log = logging.getLogger("phalanx")
 
 
@@ -89,7 +89,7 @@ def _run_cell(spec: RunSpec, shard_blobs: dict[str, bytes] | None, gate: Interru
         state.run = run
         _seed(spec.seed, spec.rank)
         namespace.update(rank=spec.rank, world_size=spec.world_size, device=run.device)
-        hooks = _install_hooks(run, namespace)
+        hooks = _install_hooks(run, namespace, spec.shard)
         code = _compile(spec.body)
         profiler = _start_profiler(spec.profile, run.device)
         with _as_main(main), torchrun_world(spec, group):
@@ -124,6 +124,7 @@ def _run_cell(spec: RunSpec, shard_blobs: dict[str, bytes] | None, gate: Interru
                              ranks=tuple(int(r) for r in getattr(exc, "ranks", None) or ()),
                              memory=_memory_now(), **_progress(run))
         _shielded(_poison_group, state, exc)
+        _shielded(end_children_since, started)  # nothing will wait for what the cell started
         return replace(failure, wall_s=time.time() - started)
     finally:
         if profiler is not None:
@@ -310,8 +311,10 @@ def _seed(seed: int | None, rank: int) -> None:
     torch.manual_seed(seed + rank)
 
 
-def _install_hooks(run: RunContext, namespace: dict) -> Any:
+def _install_hooks(run: RunContext, namespace: dict, shard: tuple[str, ...]) -> Any:
+    from ._double_split import watch_double_split
     from ._estimators import install_estimator_sync, patch_namespace_estimators
+    from ._framework_logs import watch_framework_logs
     from ._hooks import StepHooks, attach_existing_optimizers
 
     hooks = StepHooks(run)
@@ -319,6 +322,8 @@ def _install_hooks(run: RunContext, namespace: dict) -> Any:
     attach_existing_optimizers(hooks, namespace)
     install_estimator_sync(run)  # undone by _cleanup, through run.extra_cleanup
     patch_namespace_estimators(run, namespace)
+    run.extra_cleanup.append(watch_framework_logs(run))
+    run.extra_cleanup.append(watch_double_split(run.rank, shard, namespace))
     return hooks
 
 

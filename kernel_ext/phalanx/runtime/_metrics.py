@@ -12,7 +12,9 @@ address), the thread asleep between runs.  Starting and stopping them for every 
 Wire format (JSON): ``{"run", "rank", "rows": [[step, t, {name: value}]], "step", "warnings",
 "final"}``, plus ``"memory": [samples]`` when the engine's memory was sampled since the last batch
 (about once a second, by the same thread: see ``_memory.py``) and ``"memory_peak"`` on the final
-batch.  JSON rather than pickle: the kernel never unpickles what arrives on a socket.
+batch, and ``"total"`` once, when a framework said how many optimizer steps the run will take
+(see ``_framework_logs.py``).  JSON rather than pickle: the kernel never unpickles what arrives
+on a socket.
 """
 
 from __future__ import annotations
@@ -121,6 +123,8 @@ class MetricsSender:
         self._samples: list[dict] = []
         self.clock = StepClock()  # collective calls and log() time, shipped with the batches
         self.latest: dict[str, float] = {}  # last value per metric, read by sync strategies
+        self.total: int | None = None       # the run's optimizer steps, where a framework knows
+        self._total_sent = True
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()  # the flusher's batches and the final one, in order
         self._closed = False
@@ -141,6 +145,11 @@ class MetricsSender:
 
     def set_step(self, step: int) -> None:
         self._step = step
+
+    def set_total(self, steps: int) -> None:
+        """The optimizer steps the run will take (told by the framework that trains), sent with
+        the next batch: the views then show progress against it and an ETA."""
+        self.total, self._total_sent = int(steps), False
 
     def _warn_once(self, name: str, value: Any) -> None:
         if name in self._warned:
@@ -171,11 +180,13 @@ class MetricsSender:
             samples, self._samples = self._samples, []
         timing = self.clock.drain()
         if (not rows and not warnings and not samples and not timing and not final
-                and getattr(self, "_sent_step", -1) == self._step):
+                and self._total_sent and getattr(self, "_sent_step", -1) == self._step):
             return
         self._sent_step = self._step
         message = {"run": self._run_id, "token": self._token, "rank": self._rank, "rows": rows,
                    "step": self._step, "warnings": warnings, "final": final}
+        if not self._total_sent:
+            message["total"], self._total_sent = self.total, True
         if samples:
             message["memory"] = samples
         if timing:

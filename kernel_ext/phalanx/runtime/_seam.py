@@ -26,6 +26,9 @@ from dataclasses import dataclass, field
 
 from ._group import GroupSpec
 
+# The file name the cell's code is compiled under: tracebacks and warnings name its lines.
+CELL_FILENAME = "<distributed_fit>"
+
 __all__ = ["RunSpec", "GroupSpec", "CheckpointSpec", "ResumePlan", "RankResult", "Outcome"]
 
 

@@ -49,7 +49,6 @@ Example (inside ``%%distributed_fit --shard X,y``)::
 from ._choose import merge_rule
 from ._estimator_sync import EstimatorAveragingWarning, EstimatorSyncError
 from ._fitted import fitted_state, is_incremental_estimator
-from ._hook import _ImportWatch as _ImportWatch
 from ._install import install_estimator_sync, patch_namespace_estimators, patch_partial_fit
 from ._patch import _Patched as _Patched
 

@@ -3,16 +3,12 @@
 
 from __future__ import annotations
 
-import importlib.abc
 import importlib.util
 import sys
-import types
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any
 
+from .._import_watch import ImportWatch
 from ._patch import _LOCK, _MISSING, _patch_class
-
-if TYPE_CHECKING:
-    from importlib.machinery import ModuleSpec
 
 
 class _CreationHook:
@@ -31,13 +27,13 @@ class _CreationHook:
         self.base: Any = None
         self.own: Any = _MISSING
         self.installed: Any = None
-        self.watch: _ImportWatch | None = None
+        self.watch: ImportWatch | None = None
 
     def start(self) -> None:
         if "sklearn.base" in sys.modules:
             self.on_sklearn()
         elif importlib.util.find_spec("sklearn") is not None:
-            self.watch = _ImportWatch("sklearn.base", self.on_sklearn)
+            self.watch = ImportWatch("sklearn.base", self.on_sklearn)
             sys.meta_path.insert(0, self.watch)
 
     def on_sklearn(self) -> None:
@@ -83,50 +79,6 @@ def _subclasses(base: type) -> list[type]:
                 out[cls] = None
                 todo.append(cls)
     return list(out)
-
-
-class _ImportWatch(importlib.abc.MetaPathFinder):
-    """Calls ``callback`` once module ``name`` has executed; consulted only for modules not
-    imported yet, and leaves ``sys.meta_path`` at its first use."""
-
-    def __init__(self, name: str, callback: Callable[[], None]) -> None:
-        self.name, self.callback = name, callback
-
-    def remove(self) -> None:
-        if self in sys.meta_path:
-            sys.meta_path.remove(self)
-
-    def find_spec(self, fullname: str, path: Sequence[str] | None,
-                  target: types.ModuleType | None = None) -> ModuleSpec | None:
-        if fullname != self.name:
-            return None
-        self.remove()
-        for finder in list(sys.meta_path):
-            find = getattr(finder, "find_spec", None)
-            spec = find(fullname, path, target) if find is not None else None
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _ThenLoader(spec.loader, self.callback)
-                return spec
-        return None
-
-
-class _ThenLoader(importlib.abc.Loader):
-    """A loader that runs ``callback`` after the module executed (and then looks like the real
-    loader: ``__loader__`` and ``__spec__.loader`` are put back first)."""
-
-    def __init__(self, loader: Any, callback: Callable[[], None]) -> None:
-        self.loader, self.callback = loader, callback
-
-    def create_module(self, spec: ModuleSpec) -> types.ModuleType | None:
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module: types.ModuleType) -> None:
-        module.__loader__ = self.loader
-        if module.__spec__ is not None:
-            module.__spec__.loader = self.loader
-        self.loader.exec_module(module)
-        self.callback()
 
 
 _HOOK = _CreationHook()
