@@ -140,7 +140,11 @@ class FitRunner:
             first_error = first_error or error
             if status != "failed" or error.rank is None or restarts >= job.opts.max_restarts:
                 self._record(job, slots, results, status, versions, prepared)
-                raise _final(first_error, error, restarts)
+                final = _final(first_error, error, restarts)
+                if job.opts.returns:
+                    final.args = (final.args[0] + _what_came_back(status, results, job.opts.returns),
+                                  *final.args[1:])
+                raise final
             restarts += 1
             slots = self.recovery.restart(job, slots, results, error, restarts)
             versions = self._engine_versions(slots)
@@ -193,8 +197,8 @@ class FitRunner:
             record.manifest["profile"] = os.path.basename(record.profile.path) if record.profile else None
         self.last = record
         self._emit(events.run_ended(job.run_id, status, wall, None if status == "done" else status))
-        if status == "done":
-            blob = results[0].returns
+        if status in ("done", "interrupted"):  # interrupted: what was trained until the stop
+            blob = results[0].returns if 0 in results else None
             if blob is not None:
                 from ..runtime._graph_pickle import loads_returns
 
@@ -281,3 +285,13 @@ def _final(first: DistributedFitError, last: DistributedFitError, restarts: int)
             f"(--max-restarts {restarts}); the last attempt failed too, on rank {last.rank} "
             f"({failing.error if failing is not None else None}).")
     return DistributedFitError(text, last.status, first.rank, last.results)
+
+
+def _what_came_back(status: str, results: dict[int, RankResult], names: list[str]) -> str:
+    """What a run that did not finish did to the notebook's ``--return`` names, in words."""
+    listed = ", ".join(names)
+    rank0 = results.get(0)
+    if status == "interrupted" and rank0 is not None and rank0.returns is not None:
+        return (f"\n--return {listed}: brought back from rank 0 as of its step {rank0.steps} "
+                "(the training until the stop)")
+    return f"\n--return {listed}: nothing came back; the notebook's {listed} are as before the run"

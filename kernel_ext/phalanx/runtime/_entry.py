@@ -85,6 +85,7 @@ def _run_cell(spec: RunSpec, shard_blobs: dict[str, bytes] | None, gate: Interru
         share_cores(group.spec.hosts, spec.rank)
         run = _new_run(spec, group, namespace)
         run.namespace = namespace
+        run.interrupts = gate
         run.checkpoints = make_checkpointer(spec.checkpoint, spec.rank, spec.world_size)
         state.run = run
         _seed(spec.seed, spec.rank)
@@ -125,6 +126,10 @@ def _run_cell(spec: RunSpec, shard_blobs: dict[str, bytes] | None, gate: Interru
                              memory=_memory_now(), **_progress(run))
         _shielded(_poison_group, state, exc)
         _shielded(end_children_since, started)  # nothing will wait for what the cell started
+        if outcome is Outcome.INTERRUPTED and namespace is not None:
+            # Stop or an interrupt: --return brings back what was trained so far, as a plain
+            # loop interrupted in the notebook keeps its model
+            failure = replace(failure, returns=_returns_so_far(spec, namespace, sent))
         return replace(failure, wall_s=time.time() - started)
     finally:
         if profiler is not None:
@@ -358,6 +363,19 @@ def _returns(spec: RunSpec, namespace: dict) -> dict | None:
         value = namespace[name]
         out[name] = getattr(value, "module", value) if _is_ddp(value) else value
     return out
+
+
+def _returns_so_far(spec: RunSpec, namespace: dict, sent: Any) -> bytes | None:
+    """Rank 0's ``--return`` names as they are now (those the cell has defined), or None."""
+    if not spec.returns or spec.rank != 0:
+        return None
+    defined = replace(spec, returns=tuple(n for n in spec.returns if n in namespace))
+    try:
+        payload = _returns(defined, namespace)
+        return _dump_returns(payload, sent or {}) if payload else None
+    except Exception as exc:  # the stop's own report matters more than a partial return
+        log.warning("phalanx: --return after the stop failed: %s", exc)
+        return None
 
 
 def _dump_returns(payload: dict, sent: dict) -> bytes:

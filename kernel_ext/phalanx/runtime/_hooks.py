@@ -121,6 +121,8 @@ class StepHooks:
     def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self._clock is not None:
             self._clock.mark("optimizer_s")
+        if self.run.interrupts is not None:  # Stop lands after the update, not inside it
+            self.run.interrupts.defer()
         key = id(optimizer)
         if key not in self.run.strategies:
             self.attach(optimizer)  # created outside the hooks' reach
@@ -132,6 +134,11 @@ class StepHooks:
 
     def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         run, key = self.run, id(optimizer)
+        if run.interrupts is not None and run.interrupts.resume():
+            # Stopped during the update: the parameters are a step further, and so is the count
+            if key == self._primary:
+                run.steps += 1
+            raise KeyboardInterrupt
         if key not in self._skip:
             strategy = run.strategies[key]
             params = _optimizer_params(optimizer)

@@ -50,6 +50,7 @@ class RunContext:
     overlap: str = "auto"               # auto | on | off (--overlap, see _grad_sync)
     check_every: int = 100              # steps between agreement checks (see _agreement)
     agreement: str = "at_end"           # the strategy's promise (SyncStrategy.agreement)
+    interrupts: Any = None              # InterruptGate: defers an interrupt during an update
 
 
     @property
