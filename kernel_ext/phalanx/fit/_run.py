@@ -16,7 +16,7 @@ import itertools
 import os
 import time
 import uuid
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from .. import events
 from ..runtime import CheckpointSpec, GroupSpec, RankResult, ResumePlan, RunSpec, run_cell
@@ -287,7 +287,7 @@ def _final(first: DistributedFitError, last: DistributedFitError, restarts: int)
     return DistributedFitError(text, last.status, first.rank, last.results)
 
 
-def _what_came_back(status: str, results: dict[int, RankResult], names: list[str]) -> str:
+def _what_came_back(status: str, results: dict[int, RankResult], names: Sequence[str]) -> str:
     """What a run that did not finish did to the notebook's ``--return`` names, in words."""
     listed = ", ".join(names)
     rank0 = results.get(0)
