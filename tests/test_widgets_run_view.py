@@ -379,3 +379,28 @@ def test_zooming_a_finished_plot_redraws_the_window_at_full_resolution(monkeypat
     assert line.source.data is data                                       # the same window: kept
     linear._trigger_event(RangesUpdate(linear, x0=0, x1=19_999))  # zoomed out: downsampled again
     assert len(line) <= 104
+
+
+def test_the_counters_and_elapsed_time_move_every_second_while_the_chart_waits_its_budget():
+    """A view in CPU debt (a costly chart update) still shows each second's steps and elapsed
+    time; the chart's points wait, none is lost, and the budget draws them once paid back."""
+    from phalanx.widgets._run_view import RunView
+
+    clock = FakeClock()
+    view = RunView("r-1", "run-1", world_size=2, total_steps=None, clock=clock)
+    view.handle(metrics_event("r-1", rows((0, 1, {"loss": 1.0}))))
+    view.handle(progress_event("r-1", [rank_progress(0, 1), rank_progress(1, 1)]))
+    view._budget.spend(1.0)            # a second of CPU at 0.5% of a core: ~200 s of debt
+    shown = []
+    for second in range(1, 6):
+        for tenth in range(10):
+            clock.now = second - 1 + (tenth + 1) / 10
+            step = 1 + 10 * (second - 1) + tenth + 1
+            view.handle(metrics_event("r-1", rows((0, step, {"loss": 1.0 / step}))))
+            view.handle(progress_event("r-1", [rank_progress(0, step), rank_progress(1, step)]))
+        shown.append((view.progress.bars[0].value, view.header.value.split(" · ")[2]))
+    assert [value for value, _ in shown] == [11, 21, 31, 41, 51]
+    assert [elapsed for _, elapsed in shown] == ["1 s", "2 s", "3 s", "4 s", "5 s"]
+    assert view.plot.points("loss", 0) == 1            # the chart waited for the budget
+    view.finish(fake_record("r-1", steps={0: 51, 1: 51}))
+    assert view.plot.points("loss", 0) == 51           # and lost nothing

@@ -7,9 +7,10 @@ of an update follows what arrived, not the length of the run.
 
 The kernel shares the machine with the engines, so the view's updates keep to a CPU budget
 (:class:`~phalanx.widgets._throttle.CpuBudget`, 0.5% of one core): rows are split into points
-as they arrive (about 1 us a row, outside the budget), and the widgets are updated with
+as they arrive (about 1 us a row, outside the budget), and the chart is updated with
 everything new when the budget allows, at most ~10 times a second.  Under heavy logging the
-view updates less often; no row is dropped, and :meth:`RunView.finish` draws the rest.
+chart updates less often; no row is dropped, and :meth:`RunView.finish` draws the rest.  The
+header and the per-rank counters never wait longer than a second for it.
 
 Example::
 
@@ -41,6 +42,11 @@ from ._throttle import CpuBudget
 CPU_SHARE = 0.005
 CPU_BURST_S = 0.03      # a first metric's relabel passes; a new one's figures (~0.1 s) pause ~15 s
 UPDATE_INTERVAL_S = 0.1
+# The header (elapsed time, steps/s) and the per-rank counters are updated at least this often
+# whatever the budget says: only the chart waits for it.  A view whose counters stood still for
+# seconds while the panel beside it counted on looked like a hung run.  They cost ~1 ms for 8
+# ranks (a few widget properties each), a fraction of the chart's updates.
+COUNTERS_INTERVAL_S = 1.0
 # A plot not built before the run is built once the run has trained this long: a run that ends
 # sooner shows its curves in the summary only (the plot would cost more than the run).
 PLOT_AFTER_S = 2.0
@@ -99,6 +105,7 @@ class RunView:
         self._inbox: list[Mapping[str, Any]] = []
         self._points: Points = {}  # split from arrived rows, waiting to be streamed
         self._budget = CpuBudget(CPU_SHARE, CPU_BURST_S, UPDATE_INTERVAL_S, clock)
+        self._counted = clock()  # when the counters were last shown
         self._lock = threading.Lock()
         self._show_header()
 
@@ -132,8 +139,11 @@ class RunView:
             split = time.thread_time()
             built = self.build_cpu_s
             # The tracker sends metrics then progress each time: update on the progress event.
-            if event.get("type") != "metrics" and self._budget.ready():
-                self._apply()
+            if event.get("type") != "metrics":
+                if self._budget.ready():
+                    self._apply()
+                elif self._clock() - self._counted >= COUNTERS_INTERVAL_S:
+                    self._apply(chart=False)  # the chart's points wait for the budget
             done = time.thread_time()
             # The budget paces what it can defer, the widget updates.  Rows are split as they
             # come whatever it says; charged for that too, the view of a run logging faster
@@ -197,17 +207,18 @@ class RunView:
         with self._lock:
             self._build_plot()
 
-    def _apply(self) -> None:
+    def _apply(self, chart: bool = True) -> None:
         events, self._inbox = self._inbox, []
+        self._counted = self._clock()
         drawn = False
-        if self._plot_due():
+        if chart and self._plot_due():
             if self._build_with is None:
                 self._build_plot()
                 drawn = True
             elif not self._build_asked:
                 self._build_asked = True
                 self._build_with(self._build_plot_locked)
-        if self.plot is not None and self._points:
+        if chart and self.plot is not None and self._points:
             points, self._points = self._points, {}
             self.plot.extend(points)
             drawn = True
