@@ -68,8 +68,11 @@ chromium:
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium >/dev/null; }
 
 # `jupyter lab` that also runs as root and ends by printing the address with its token.
-# tests/test_lab.py runs this very line, read through `make -s lab-command`.
-LAB := $(PY) scripts/lab.py notebooks/01-quickstart.ipynb
+# tests/test_lab.py runs this very line, read through `make -s lab-command`.  It opens a working
+# copy of notebooks/ in LAB_DIR (ignored by git, copied where it lacks a file): the tracked
+# notebooks keep their saved outputs, and a person's edits survive the next `make lab`.
+LAB_DIR ?= work/notebooks
+LAB := $(PY) scripts/lab.py --work-dir $(LAB_DIR) notebooks/01-quickstart.ipynb
 
 # Real daemons for the Slurm and SSH launcher tests (tests skip, saying why, where they cannot run).
 cluster-daemons:

@@ -45,8 +45,9 @@ QUICKSTART = [
         "model = MLP()"),
     md(
         "The training loop is an ordinary single-process loop. `--shard Xtr,ytr` gives each rank "
-        "its own rows; gradients are averaged across ranks at every `opt.step()` (`--sync "
-        "allreduce`, the default); `--return model` brings the trained model back."),
+        "its own rows; gradients are averaged across ranks when `loss.backward()` returns "
+        "(`--sync allreduce`, the default, as in DistributedDataParallel), so `opt.step()` steps "
+        "with the average; `--return model` brings the trained model back."),
     code(
         "%%distributed_fit --shard Xtr,ytr --return model --seed 0 --steps 240\n"
         "from phalanx import log\n"

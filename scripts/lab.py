@@ -1,8 +1,11 @@
 """Start JupyterLab on a notebook: the command behind ``make lab``.
 
-    python scripts/lab.py notebooks/01-quickstart.ipynb [any `jupyter lab` option...]
+    python scripts/lab.py [--work-dir DIR] notebooks/01-quickstart.ipynb [any `jupyter lab` option...]
 
-It is ``jupyter lab`` with two differences a first-time user notices:
+It is ``jupyter lab`` with three differences a first-time user notices:
+
+* with ``--work-dir DIR`` it opens a working copy of the notebook's folder in DIR (made where DIR
+  lacks a file, :mod:`notebook_copy`), never the tracked notebook itself;
 
 * it also runs as root (most containers and many cloud notebook images run the shell as root):
   ``--allow-root`` is added then, and only then;
@@ -18,6 +21,7 @@ from urllib.parse import quote, urlencode
 
 from jupyter_server.utils import url_path_join
 from jupyterlab.labapp import LabApp
+from notebook_copy import open_copy
 
 
 def lab_argv(args: list[str], uid: int) -> list[str]:
@@ -57,7 +61,7 @@ def banner(server) -> str:
 
 
 def main(args: list[str]) -> None:
-    server = LabApp.initialize_server(argv=lab_argv(args, os.geteuid()))
+    server = LabApp.initialize_server(argv=lab_argv(open_copy(args), os.geteuid()))
     # Called once the loop runs, i.e. after the server bound its port and logged its start-up.
     server.io_loop.add_callback(lambda: print(banner(server), flush=True))
     server.start()

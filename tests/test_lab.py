@@ -38,10 +38,11 @@ URL = re.compile(r"^\s+(http://\S+)$", re.M)
 UNPRIVILEGED = 65534  # "nobody" on Debian and most Linux systems
 
 
-def lab_command() -> list[str]:
-    """The line ``make lab`` runs after its install step, with this interpreter as Python."""
+def lab_command(work_dir: Path) -> list[str]:
+    """The line ``make lab`` runs after its install step, with this interpreter as Python and
+    its working copy of the notebooks in ``work_dir``."""
     line = subprocess.run(["make", "-s", "--no-print-directory", "-C", str(ROOT), "lab-command",
-                           f"PY={sys.executable}"],
+                           f"PY={sys.executable}", f"LAB_DIR={work_dir}"],
                           check=True, capture_output=True, text=True, timeout=60).stdout
     return shlex.split(line.strip())
 
@@ -116,7 +117,7 @@ def _stop_like_ctrl_c(process: subprocess.Popen) -> list[psutil.Process]:
 
 def run_lab(base: Path, user_prefix: list[str]) -> None:
     port = _free_port()
-    argv = [*user_prefix, *lab_command(), "--no-browser", f"--port={port}",
+    argv = [*user_prefix, *lab_command(base / "work"), "--no-browser", f"--port={port}",
             "--ServerApp.port_retries=0"]
     env = {**os.environ, **_private_dirs(base)}
     stdout, stderr = base / "stdout.txt", base / "stderr.txt"
@@ -126,6 +127,7 @@ def run_lab(base: Path, user_prefix: list[str]) -> None:
     try:
         url = _wait_for_url(process, stdout, stderr)
         assert url.startswith(f"http://127.0.0.1:{port}/lab/tree/01-quickstart.ipynb?token="), url
+        assert (base / "work" / "01-quickstart.ipynb").is_file()  # the copy, not the tracked one
         _assert_serves_the_panel(url)
         server = psutil.Process(process.pid)
         assert _listening_addresses(server) <= {"127.0.0.1", "::1"}, _listening_addresses(server)

@@ -125,7 +125,8 @@ def run_in_background(session: Any, fit: Callable[[Callable], Any], returns: tup
                 record = last  # a failed run keeps its record (history, steps, changes)
         handle._ended(record, error)
         under_way.set()
-        report(handle)
+        if handle.run_id is not None:  # one that never started is raised in the cell, once
+            report(handle)
 
     context = contextvars.copy_context()  # the cell's parent message: output lands under it
     thread = threading.Thread(target=context.run, args=(main,), daemon=True,

@@ -13,17 +13,22 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 
 from ._session import session_for_shell
+from ._usage import parse_line, unknown_word
 from .cluster import ClusterError, GpuSpecError, LaunchOptions
 from .fit import FitOptions, FitUsageError, ShippingError
 from .fit._errors import DistributedFitError, VersionSkewError
+from .fit._shipping import UndefinedNameError, notebook_names
+from .fit._suggest import did_you_mean, joined
 
 CLUSTER_ACTIONS = ("start", "scale", "stop", "status", "restart")
 
-# Errors that mean "this request cannot be done as asked": shown as one clear line.
-_USER_ERRORS = (ClusterError, GpuSpecError, FitUsageError, ShippingError, VersionSkewError)
+# Errors that mean "this request cannot be done as asked": shown as one clear line (IPython
+# shows a UsageError without a traceback; phalanx's frames would only bury the message).
+_USER_ERRORS = (ClusterError, GpuSpecError, FitUsageError, ShippingError, VersionSkewError,
+                UndefinedNameError)
 
 
 def _display(obj: Any, metadata: dict | None = None) -> None:
@@ -72,14 +77,15 @@ class PhalanxMagics(Magics):
     @line_magic
     def cluster(self, line: str) -> None:
         """Start, scale, restart, stop and show the engine cluster."""
-        args = parse_argstring(self.cluster, line)
+        args = parse_line(self.cluster, line, "%cluster")
         action = args.action
         if action is not None and action not in CLUSTER_ACTIONS:
-            raise UsageError(f"unknown %cluster action {action!r}; valid: {', '.join(CLUSTER_ACTIONS)}"
-                             "\n  %cluster start [-n N] [--gpus auto|none|0,1] [--launcher local|mpi"
-                             "|ssh|slurm|pbs|lsf] [--profile NAME] [--timeout SEC] [--ip ADDR] [--hosts H:N,...]"
-                             " [--slurm-args=FLAGS] [--no-encryption]\n  %cluster scale"
-                             " N | stop | status | restart [RANK]")
+            raise UsageError(unknown_word("%cluster action", action, CLUSTER_ACTIONS)
+                             + " (%cluster? shows every flag)")
+        if action in ("start", "stop", "status") and args.value is not None:
+            raise UsageError(f"%cluster {action} takes no {args.value!r}"
+                             + (f": the engine count is a flag, %cluster start -n {args.value}"
+                                if action == "start" else ""))
         try:
             self._cluster_action(action, args)
         except _USER_ERRORS as exc:
@@ -156,9 +162,13 @@ class PhalanxMagics(Magics):
     @line_cell_magic
     def distributed_fit(self, line: str, cell: str | None = None) -> Any:
         """Run the cell's training loop on every engine, data-parallel."""
-        args = parse_argstring(self.distributed_fit, line)
+        args = parse_line(self.distributed_fit, line, "%distributed_fit" if cell is None
+                          else "%%distributed_fit")
         if cell is None:
             return self._fit_network(args)
+        if args.target is not None:  # `--shard X, y`: the list ends at the space
+            raise UsageError(f"%%distributed_fit does not take {args.target!r}: a flag takes one "
+                             "value, with no spaces in a list (--shard X,y)")
         try:
             opts = FitOptions.build(n=args.n, sync=args.sync, every=args.every, alpha=args.alpha,
                                     backend=args.backend, shard=args.shard, returns=args.returns,
@@ -212,9 +222,11 @@ class PhalanxMagics(Magics):
         if args.target is None:
             raise UsageError("%distributed_fit NODE fits a learning network on the cluster; "
                              "use %%distributed_fit (two %) for a training cell")
-        node = self.ipython.user_ns.get(args.target)
+        user_ns = self.ipython.user_ns
+        node = user_ns.get(args.target)
         if node is None or not hasattr(node, "fit"):
-            raise UsageError(f"{args.target!r} is not a learning-network node in the notebook")
+            raise UsageError(joined(f"{args.target!r} is not a learning-network node in the notebook",
+                                    did_you_mean(args.target, notebook_names(user_ns))))
         try:
             return self.session.fit_network(node)
         except _USER_ERRORS as exc:

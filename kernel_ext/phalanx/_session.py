@@ -237,8 +237,10 @@ class Session(RunHistoryQueries):
     def distributed_fit(self, body: str, opts: FitOptions, user_ns: dict,
                         on_start: Any = None) -> RunRecord:
         """Run a training cell on every engine (``%%distributed_fit``)."""
+        from .fit._precheck import check_cell
         from .fit._reproduce import cell_hash, warn_if_world_differs
 
+        check_cell(body, opts, user_ns)  # a typo is said before "no cluster" and long runs
         self._verbs.acquire()  # held until the run is the active one (or failed to start)
         held = [True]
 

@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 from ..runtime._graph_pickle import GraphPacker
 from ._options import FitOptions, FitUsageError
-from ._shipping import check_same_rows, content_hash, pack, resolve_names, split_rows
+from ._shipping import check_defined, check_same_rows, content_hash, pack, resolve_names, split_rows
 from ._strategy import notebook_strategy
 
 INJECTED = ("rank", "world_size", "device")
@@ -45,9 +45,7 @@ def describe(value: Any) -> dict:
 
 def prepare(body: str, opts: FitOptions, user_ns: Mapping[str, Any], world_size: int) -> Prepared:
     """Resolve, check, shard and pickle what the cell needs."""
-    missing = [s for s in opts.shard if s not in user_ns]
-    if missing:
-        raise NameError(f"--shard names {', '.join(map(repr, missing))}, not defined in the notebook")
+    check_defined("--shard", opts.shard, user_ns)
     strategy = notebook_strategy(opts.sync, user_ns)
     shipped = resolve_names(body, user_ns, injected=set(INJECTED) | set(opts.shard))
     if strategy is not None:

@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._suggest import did_you_mean
+
 STRATEGIES = ("allreduce", "localsgd", "easgd", "none")
 BACKENDS = ("auto", "nccl", "gloo", "mpi")
 UNEVEN = ("join", "error")  # ranks that run out of data early: answer the others, or fail
@@ -22,7 +24,8 @@ _DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
 
 
 class FitUsageError(ValueError):
-    """A flag value that cannot work; nothing was sent."""
+    """A request that cannot work as asked (a flag's value, a cell that is not Python); nothing
+    was sent."""
 
 
 def _names(text: str | None, flag: str) -> tuple[str, ...]:
@@ -77,14 +80,17 @@ class FitOptions:
         """Check every flag and return the options, or raise :class:`FitUsageError`."""
         # A plain name may be a notebook class: the runner checks it against the notebook.
         if sync not in STRATEGIES and not (_IDENT.match(sync or "") or _DOTTED.match(sync or "")):
-            raise FitUsageError(f"unknown --sync {sync!r}: use one of {', '.join(STRATEGIES)}, the "
-                                "name of a SyncStrategy subclass defined in the notebook, or the "
-                                "dotted name of an installed one (pkg.mod.Class)")
+            raise FitUsageError(f"unknown --sync {sync!r}{_hint(sync, STRATEGIES)}: use one of "
+                                f"{', '.join(STRATEGIES)}, the name of a SyncStrategy subclass "
+                                "defined in the notebook, or the dotted name of an installed one "
+                                "(pkg.mod.Class)")
         if backend not in BACKENDS:
-            raise FitUsageError(f"unknown --backend {backend!r}: use one of {', '.join(BACKENDS)}")
+            raise FitUsageError(f"unknown --backend {backend!r}{_hint(backend, BACKENDS)}: use one "
+                                f"of {', '.join(BACKENDS)}")
         if uneven not in UNEVEN:
-            raise FitUsageError(f"unknown --uneven {uneven!r}: use join (finished ranks answer the "
-                                "others with zero gradients) or error (fail naming each rank's steps)")
+            raise FitUsageError(f"unknown --uneven {uneven!r}{_hint(uneven, UNEVEN)}: use join "
+                                "(finished ranks answer the others with zero gradients) or error "
+                                "(fail naming each rank's steps)")
         _positive_int(every, "--every")
         if not 0 < float(alpha) <= 1:
             raise FitUsageError(f"--alpha must be in (0, 1], got {alpha}")
@@ -98,8 +104,8 @@ class FitOptions:
         if profile is not None:
             _positive_int(profile, "--profile")
         if overlap not in OVERLAP:
-            raise FitUsageError(f"unknown --overlap {overlap!r}: use auto (overlap where the ranks "
-                                "span several hosts), on or off")
+            raise FitUsageError(f"unknown --overlap {overlap!r}{_hint(overlap, OVERLAP)}: use auto "
+                                "(overlap where the ranks span several hosts), on or off")
         if not float(bucket_mb) > 0:
             raise FitUsageError(f"--bucket-mb must be a positive size in megabytes, got {bucket_mb} "
                                 "(25, as in DDP, suits most models)")
@@ -146,6 +152,12 @@ def _keep_dir(directory: str | None) -> str | None:
         raise FitUsageError(f"--keep-history {directory!r} is a file: give a directory where each "
                             "run's metric history is written (it is created if missing)")
     return os.path.abspath(directory)
+
+
+def _hint(value: str, choices: tuple[str, ...]) -> str:
+    """``" (did you mean 'gloo'?)"``, said before the list of choices; nothing when none is close."""
+    hint = did_you_mean(str(value), choices)
+    return f" ({hint})" if hint else ""
 
 
 def _positive_int(value: Any, flag: str) -> None:

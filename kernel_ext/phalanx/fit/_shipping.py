@@ -2,7 +2,8 @@
 
 * :func:`resolve_names` finds the notebook names the cell body reads (functions, classes,
   models, tensors, arrays, scalars), by Python's scoping rules (:mod:`._scope`), and raises
-  ``NameError`` for one that exists nowhere;
+  :class:`UndefinedNameError` (a ``NameError``) for one that exists nowhere, naming the close
+  ones that do;
 * :func:`pack` pickles each with cloudpickle (notebook-defined code by value) and, when that
   fails, names the attribute path of the part that cannot be pickled;
 * :func:`split_rows` cuts ``--shard`` objects by rows so each rank receives only its own part.
@@ -21,6 +22,7 @@ import warnings
 from typing import Any, Callable, Iterable, Mapping
 
 from ._scope import split_reads
+from ._suggest import did_you_mean, joined
 
 LARGE_OBJECT_BYTES = 100 * 2**20
 
@@ -36,8 +38,36 @@ class ShippingWarning(UserWarning):
     """An object is large enough to make every run slow to start."""
 
 
+class UndefinedNameError(NameError):
+    """A name the cell or a flag needs is defined nowhere; nothing was sent.  The message names
+    it and the close names that exist (the magic shows it as one line)."""
+
+
+def notebook_names(user_ns: Mapping[str, Any]) -> list[str]:
+    """The names a person defined in the notebook: what a typo is compared with (IPython's own
+    and private names left out, they are never what was meant)."""
+    return [n for n in user_ns if not n.startswith("_") and n not in _IPYTHON_NAMES]
+
+
+def check_defined(flag: str, names: Iterable[str], user_ns: Mapping[str, Any]) -> None:
+    """Every name a flag lists is a notebook name, else :class:`UndefinedNameError`.
+
+    >>> try:
+    ...     check_defined("--shard", ["Xtr", "ytrr"], {"Xtr": 1, "ytr": 2})
+    ... except NameError as exc:
+    ...     print(exc)
+    --shard names 'ytrr', not defined in the notebook; did you mean 'ytr'?
+    """
+    missing = [n for n in names if n not in user_ns]
+    if missing:
+        hint = did_you_mean(missing[0], notebook_names(user_ns)) if len(missing) == 1 else ""
+        raise UndefinedNameError(joined(f"{flag} names {', '.join(map(repr, missing))}, not "
+                                        "defined in the notebook", hint))
+
+
 def resolve_names(body: str, user_ns: Mapping[str, Any], injected: Iterable[str] = ()) -> dict[str, Any]:
-    """The notebook objects the body reads, by name; ``NameError`` for a name defined nowhere.
+    """The notebook objects the body reads, by name; :class:`UndefinedNameError` (a ``NameError``)
+    for a name defined nowhere.
 
     A name counts as read only where the cell has not bound it yet (:mod:`._scope`): a cell that
     re-opens ``f`` or re-imports ``cudnn`` before using it does not ship the notebook's.  A name
@@ -54,10 +84,21 @@ def resolve_names(body: str, user_ns: Mapping[str, Any], injected: Iterable[str]
                 and name not in _IPYTHON_NAMES:
             missing.append(name)
     if missing:
-        raise NameError(f"the cell uses {', '.join(repr(m) for m in missing)}, which "
-                        f"{'is' if len(missing) == 1 else 'are'} not defined in the notebook; "
-                        "define it in an earlier cell or inside this one")
+        known = [*notebook_names(user_ns), *binds, *injected]
+        # Builtins only where nothing of the notebook is close: `ytr` is meant, not `bytearray`.
+        hints = {m: did_you_mean(m, known) or did_you_mean(m, _public_builtins()) for m in missing}
+        said = " ".join(h if len(missing) == 1 else f"{m!r}: {h}" for m, h in hints.items() if h)
+        it = "it" if len(missing) == 1 else "them"
+        raise UndefinedNameError(
+            f"the cell uses {', '.join(repr(m) for m in missing)}, which "
+            f"{'is' if len(missing) == 1 else 'are'} not defined in the notebook; "
+            + (f"{said} Otherwise define {it}" if said else f"define {it}")
+            + " in an earlier cell or inside this one")
     return shipped
+
+
+def _public_builtins() -> list[str]:
+    return [n for n in dir(builtins) if not n.startswith("_")]
 
 
 def content_hash(*blobs: bytes) -> str:

@@ -26,6 +26,7 @@ import inspect
 from typing import Any, Mapping
 
 from ._options import STRATEGIES, FitUsageError
+from ._suggest import did_you_mean
 
 _MAIN = "__main__."
 _WHAT_TO_DO = ("pass the name of a class defined as `class MySync(SyncStrategy): ...` "
@@ -43,10 +44,21 @@ def notebook_strategy(sync: str, user_ns: Mapping[str, Any]) -> str | None:
     if "." in name:
         return None
     if name not in user_ns:
-        raise FitUsageError(f"unknown --sync {sync!r}: it is not a built-in strategy and the "
-                            f"notebook defines no {name!r}; " + _todo())
+        hint = did_you_mean(name, [*STRATEGIES, *_notebook_strategies(user_ns)])
+        raise FitUsageError(f"unknown --sync {sync!r}" + (f" ({hint})" if hint else "")
+                            + f": it is not a built-in strategy and the notebook defines no "
+                            f"{name!r}; " + _todo())
     _check_strategy_class(sync, name, user_ns[name])
     return name
+
+
+def _notebook_strategies(user_ns: Mapping[str, Any]) -> list[str]:
+    """The notebook's own strategy classes: what a --sync typo may have meant (SyncStrategy
+    itself, imported for them, never is)."""
+    from ..runtime import SyncStrategy
+
+    return [n for n, v in user_ns.items()
+            if isinstance(v, type) and issubclass(v, SyncStrategy) and v is not SyncStrategy]
 
 
 def _check_strategy_class(sync: str, name: str, value: Any) -> None:
