@@ -1,8 +1,11 @@
 """The warm process group of an engine: formed once per engine set, reused by later cells.
 
-The kernel hosts the rendezvous store (a torch ``TCPStore``) and gives every run a
-:class:`GroupSpec`.  Its ``key`` changes only when the engine set changes (scale, restart) or the
-previous group was torn down by a failure, so re-running a cell finds the group already formed
+The kernel hosts the rendezvous and gives every run a :class:`GroupSpec`.  On one host that is a
+private ``FileStore`` (nothing listens); across hosts it is the kernel's CurveZMQ store server,
+which the engines reach through :class:`~._store_client.CurveStore` with the keys the spec
+carries: encrypted, and closed to any peer without them (torch's ``TCPStore`` would answer anyone
+on the network).  The spec's ``key`` changes only when the engine set changes (scale, restart) or
+the previous group was torn down by a failure, so re-running a cell finds the group already formed
 and costs no rendezvous.
 
 Three transports can sit under one group, picked per call by :class:`Collectives`:
@@ -31,7 +34,9 @@ class GroupSpec:
     key: str
     rank: int
     world_size: int
-    store: tuple            # ("file", path) on one host, ("tcp", host, port, secret) across hosts
+    # ("file", path) on one host; across hosts ("curve", host, port, server_public,
+    # client_public, client_secret): the kernel's store server and this cluster's client keys
+    store: tuple
     backend: str            # "gloo" | "nccl" | "mpi"
     timeout_s: float
     hosts: tuple = ()       # host of each rank
@@ -64,6 +69,9 @@ class GroupHandle:
         _destroy_torch_group()
         self.torch_comm = None
         self.healthy = False
+        store = self.extra.pop("store", None)
+        if hasattr(store, "close"):  # the CurveStore's socket (a FileStore has nothing to close)
+            store.close()
 
 
 def ensure_group(current: GroupHandle | None, spec: GroupSpec) -> GroupHandle:
@@ -91,19 +99,24 @@ def form_group(spec: GroupSpec) -> GroupHandle:
         store = dist.FileStore(spec.store[1], spec.world_size)
         _use_loopback_for_gloo()
     else:
-        store = dist.TCPStore(spec.store[1], spec.store[2], None, False, timeout=timeout)
+        from ._store_client import CurveStore
+
+        host, port, server_public, client_public, client_secret = spec.store[1:6]
+        store = CurveStore(host, port, server_public, client_public, client_secret, timeout)
         _use_interface_towards(spec.store[1])
-    # Across hosts the store's port is open to the network: keys are prefixed with a secret
-    # the kernel sent over ipyparallel's (encrypted) channel, so nothing else can meet them.
-    secret = spec.store[3] if spec.store[0] == "tcp" and len(spec.store) > 3 else ""
-    prefixed = dist.PrefixStore(f"{secret}/{spec.key}" if secret else spec.key, store)
+    prefixed = dist.PrefixStore(spec.key, store)
     torch_backend = "nccl" if spec.backend == "nccl" else "gloo"
-    dist.init_process_group(torch_backend, store=prefixed, rank=spec.rank,
-                            world_size=spec.world_size, timeout=timeout)
+    try:
+        dist.init_process_group(torch_backend, store=prefixed, rank=spec.rank,
+                                world_size=spec.world_size, timeout=timeout)
+    except BaseException:
+        if hasattr(store, "close"):  # a failed rendezvous leaves no socket behind
+            store.close()
+        raise
     # Across hosts torch is the CPU transport too: give it the store so its heartbeats can name
     # a rank that stalls or dies (on one host shared memory does that, and a FileStore is an
     # append-only file that heartbeats would grow forever).
-    beats = prefixed if spec.store[0] == "tcp" else None
+    beats = prefixed if spec.store[0] != "file" else None
     handle = GroupHandle(spec, torch_comm=TorchCommunicator(timeout_s=spec.timeout_s, store=beats))
     handle.extra["store"] = store
     if spec.backend == "mpi":
