@@ -192,7 +192,8 @@ def test_backoff_expires():
 
 @pytest.mark.parametrize("module", ["transport._comm", "transport._comm_util",
                                     "transport._shm_layout", "transport._shm_segment",
-                                    "transport._shm_futex", "_threads"])
+                                    "transport._shm_futex", "_threads", "_options",
+                                    "_fit_mode"])
 def test_docstring_examples_run(module):
     import doctest
     import importlib

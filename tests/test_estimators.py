@@ -29,6 +29,7 @@ from phalanx.runtime._estimators import (EstimatorAveragingWarning, EstimatorSyn
                                          fitted_state, install_estimator_sync, merge_rule,
                                          patch_namespace_estimators, patch_partial_fit)
 from phalanx.runtime._import_watch import ImportWatch
+from phalanx.runtime._options import TrainOptions
 from phalanx.runtime._state import RunContext
 from phalanx.runtime.transport._comm import make_thread_communicators
 
@@ -68,8 +69,8 @@ def run_ranks(body, n=2, sync="allreduce", every=1, alpha=0.5, install=True):
     results, errors = [None] * n, []
 
     def target(comm):
-        run = RunContext("test", comm.rank, n, None, strategy_spec=sync, every=every, alpha=alpha,
-                         collectives=comm)
+        run = RunContext("test", comm.rank, n, None, strategy_spec=sync, collectives=comm,
+                         train=TrainOptions(sync_params={"every": every, "alpha": alpha}))
         try:
             if install:
                 install_estimator_sync(run)

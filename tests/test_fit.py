@@ -68,6 +68,9 @@ def test_allreduce_matches_single_process_full_batch(fit, shell):
     np.testing.assert_allclose(_params(trained), _params(reference), atol=1e-5)
     record = fit.last_run()
     assert record.status == "done" and record.steps == {0: 12, 1: 12}
+    # the fit mode's count: every rank holds the whole Linear(5, 1) and its gradients (fp32)
+    assert record.held == {r: {"parameters": 24, "gradients": 24, "optimizer_state": 0}
+                           for r in (0, 1)}
     rows = record.history.rows()
     assert sorted({(r["rank"], r["step"]) for r in rows}) == [(r, s) for r in (0, 1) for s in range(1, 13)]
 

@@ -18,6 +18,7 @@ from phalanx.fit._errors import DistributedFitError, describe_failure, failure, 
 from phalanx.fit._waiter import Waiter
 from phalanx.runtime import (CheckpointSpec, GroupSpec, Outcome, RankResult, ResumePlan, RunSpec,
                              run_cell)
+from phalanx.runtime._options import TrainOptions
 
 
 def spec_for(rank: int, names: tuple[str, ...] = ()) -> RunSpec:
@@ -25,8 +26,8 @@ def spec_for(rank: int, names: tuple[str, ...] = ()) -> RunSpec:
                       backend="gloo", timeout_s=60.0, hosts=("a", "a"), pids=(10, 11))
     plan = ResumePlan(step=15, sources=("memory", "peer"), src=0)
     return RunSpec(run_id="abc-1", rank=rank, world_size=2, body="x = 1\n", names=names,
-                   group=group, metrics_address="tcp://127.0.0.1:1", sync="allreduce",
-                   metrics_token="t", returns=("x",), shard=("X",),
+                   group=group, metrics_address="tcp://127.0.0.1:1",
+                   train=TrainOptions(returns=("x",), shard=("X",)), metrics_token="t",
                    checkpoint=CheckpointSpec("ckpt-abc-1", 5, None, resume=plan))
 
 

@@ -150,7 +150,7 @@ BAD = {
     "inst = SyncStrategy.__new__(SyncStrategy)":
         ("inst", r"'inst' is a SyncStrategy instance \(pass the class itself"),
     "class Needs(SyncStrategy):\n    def __init__(self, comm, lr):\n        super().__init__(comm)":
-        ("Needs", r"Needs\(comm, every=K, alpha=A\), which its __init__ does not accept"),
+        ("Needs", r"Needs\(comm, every=\.\.\., alpha=\.\.\.\), which its __init__ does not accept"),
     "": ("no_such_strategy", r"unknown --sync 'no_such_strategy': it is not a built-in strategy "
                              r"and the notebook defines no 'no_such_strategy'"),
 }

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from .runtime._options import DEFAULT_ALPHA, DEFAULT_EVERY, DEFAULT_SYNC
+
 _FIT_BODY = """
 if y is None:
     estimator.fit(X)
@@ -25,7 +27,8 @@ else:
 """
 
 
-def data_parallel(sync: str | type = "allreduce", every: int = 1, alpha: float = 0.5,
+def data_parallel(sync: str | type = DEFAULT_SYNC, every: int = DEFAULT_EVERY,
+                  alpha: float = DEFAULT_ALPHA,
                   seed: int | None = 0, n: int | None = None,
                   session: Any = None) -> Callable[..., Any]:
     """A ``fit_runner`` that trains a machine's model data-parallel on the cluster.

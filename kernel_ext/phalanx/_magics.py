@@ -22,6 +22,7 @@ from .fit import FitOptions, FitUsageError, ShippingError
 from .fit._errors import DistributedFitError, VersionSkewError
 from .fit._shipping import UndefinedNameError, notebook_names
 from .fit._suggest import did_you_mean, joined
+from .runtime import _options as T  # every training flag's default and choices
 
 CLUSTER_ACTIONS = ("start", "scale", "stop", "status", "restart")
 
@@ -121,11 +122,11 @@ class PhalanxMagics(Magics):
     @magic_arguments()
     @argument("target", nargs="?", default=None, help="(line form) a learning-network node to fit")
     @argument("-n", type=int, default=None, help="ranks to run on (default: every engine)")
-    @argument("--sync", default="allreduce",
-              help="allreduce | localsgd | easgd | none | NotebookClass | pkg.mod.Class")
-    @argument("--every", type=int, default=1, help="K: steps between synchronisations")
-    @argument("--alpha", type=float, default=0.5, help="EASGD moving rate")
-    @argument("--backend", default="auto", help="auto | nccl | gloo | mpi")
+    @argument("--sync", default=T.DEFAULT_SYNC,
+              help=" | ".join(T.STRATEGIES) + " | NotebookClass | pkg.mod.Class")
+    @argument("--every", type=int, default=T.DEFAULT_EVERY, help="K: steps between synchronisations")
+    @argument("--alpha", type=float, default=T.DEFAULT_ALPHA, help="EASGD moving rate")
+    @argument("--backend", default="auto", help=" | ".join(T.BACKENDS))
     @argument("--shard", default=None, help="names split by rows across ranks, e.g. X,y")
     @argument("--return", dest="returns", default=None, help="names brought back from rank 0")
     @argument("--seed", type=int, default=None, help="seeds random/numpy/torch as S+rank")
@@ -143,18 +144,19 @@ class PhalanxMagics(Magics):
     @argument("--keep-history", default=None,
               help="DIR: keep the run's complete metric history there (default: removed with "
                    "the kernel's temporary data)")
-    @argument("--uneven", default="join",
-              help="join | error: ranks that run out of data early answer the others, or fail")
+    @argument("--uneven", default=T.DEFAULT_UNEVEN,
+              help=" | ".join(T.UNEVEN) + ": ranks that run out of data early answer the others, "
+                   "or fail")
     @argument("--profile", nargs="?", type=int, const=5, default=None, metavar="STEPS",
               help="record STEPS optimizer steps (default 5) on every rank with torch.profiler "
                    "into one trace file next to the notebook")
-    @argument("--bucket-mb", type=float, default=25.0, metavar="MB",
+    @argument("--bucket-mb", type=float, default=T.DEFAULT_BUCKET_MB, metavar="MB",
               help="gradient bucket size: averaging of a full bucket starts while backward "
-                   "still runs (default 25, as DDP's bucket_cap_mb)")
-    @argument("--overlap", default="auto",
-              help="auto | on | off: average full gradient buckets while backward still runs "
-                   "(auto: where the ranks span several hosts)")
-    @argument("--check-every", type=int, default=100, metavar="K",
+                   f"still runs (default {T.DEFAULT_BUCKET_MB:g}, as DDP's bucket_cap_mb)")
+    @argument("--overlap", default=T.DEFAULT_OVERLAP,
+              help=" | ".join(T.OVERLAP) + ": average full gradient buckets while backward "
+                   "still runs (auto: where the ranks span several hosts)")
+    @argument("--check-every", type=int, default=T.DEFAULT_CHECK_EVERY, metavar="K",
               help="check every K optimizer steps, and at the end, that the ranks hold one "
                    "model (0: only at the end)")
     @argument("--background", action="store_true",
@@ -185,7 +187,7 @@ class PhalanxMagics(Magics):
                 from ._background import report_end, run_in_background
 
                 return run_in_background(self.session, lambda started: self._fit(cell, opts, started),
-                                         opts.returns, self.ipython.user_ns,
+                                         opts.train.returns, self.ipython.user_ns,
                                          lambda handle: report_end(self.ipython, handle))
             self._fit(cell, opts)
         except DistributedFitError as exc:

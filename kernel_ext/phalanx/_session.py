@@ -252,8 +252,8 @@ class Session(RunHistoryQueries):
                 on_start(*args)
 
         pending, self._profile_next = self._profile_next, None
-        if pending and opts.profile is None:
-            opts = dataclasses.replace(opts, profile=pending)
+        if pending and opts.train.profile is None:
+            opts = dataclasses.replace(opts, train=dataclasses.replace(opts.train, profile=pending))
         try:
             if self.cluster.running:
                 warn_if_world_differs(body, user_ns, opts.n or self.cluster.size)

@@ -45,17 +45,17 @@ def describe(value: Any) -> dict:
 
 def prepare(body: str, opts: FitOptions, user_ns: Mapping[str, Any], world_size: int) -> Prepared:
     """Resolve, check, shard and pickle what the cell needs."""
-    check_defined("--shard", opts.shard, user_ns)
-    strategy = notebook_strategy(opts.sync, user_ns)
-    shipped = resolve_names(body, user_ns, injected=set(INJECTED) | set(opts.shard))
+    check_defined("--shard", opts.train.shard, user_ns)
+    strategy = notebook_strategy(opts.train.sync, user_ns)
+    shipped = resolve_names(body, user_ns, injected=set(INJECTED) | set(opts.train.shard))
     if strategy is not None:
         shipped[strategy] = user_ns[strategy]  # shipped like any notebook class, by value
-    shards = {s: user_ns[s] for s in opts.shard}
+    shards = {s: user_ns[s] for s in opts.train.shard}
     check_same_rows(shards)
     parts = {s: split_rows(s, v, world_size) for s, v in shards.items()}
     # One packer for all names, in the order the engines load them (sorted): what names share
     # in the notebook they share on the engines (see runtime/_graph_pickle)
-    packer = GraphPacker(user_ns, bound=set(shipped) | set(opts.shard) | set(INJECTED))
+    packer = GraphPacker(user_ns, bound=set(shipped) | set(opts.train.shard) | set(INJECTED))
     blobs = {name: pack(name, shipped[name], functools.partial(packer.pack, name))
              for name in sorted(shipped)}
     hashes = {name: content_hash(blob) for name, blob in blobs.items()}

@@ -56,10 +56,10 @@ def build_manifest(opts: Any, slots: list, backend: str, prepared: Any, versions
         "devices": [s.device or "cpu" for s in slots],
         "hosts": [s.host for s in slots],
         "backend": backend,
-        "strategy": {"name": opts.sync, "every": opts.every, "alpha": opts.alpha,
+        "strategy": {"name": opts.train.sync, **opts.train.sync_params,
                      # a notebook class: its content hash is under "data" with the other names
                      "notebook": getattr(prepared, "strategy", None)},
-        "seed": opts.seed,
+        "seed": opts.train.seed,
         "steps": {str(r): s for r, s in record.steps.items()},
         "data": prepared.data_manifest,
         "engines": [{k: v.get(k) for k in REPORTED} for v in versions],

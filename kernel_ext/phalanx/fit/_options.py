@@ -3,8 +3,8 @@
 Example::
 
     >>> opts = FitOptions.build(sync="localsgd", every=4, shard="X,y")
-    >>> opts.shard
-    ('X', 'y')
+    >>> opts.train.shard, opts.train.sync_params["every"]
+    (('X', 'y'), 4)
 """
 
 from __future__ import annotations
@@ -13,12 +13,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..runtime._options import (BACKENDS, DEFAULT_ALPHA, DEFAULT_BUCKET_MB, DEFAULT_CHECK_EVERY,
+                                DEFAULT_EVERY, DEFAULT_OVERLAP, DEFAULT_SYNC, DEFAULT_UNEVEN,
+                                OVERLAP, STRATEGIES, UNEVEN, TrainOptions)
 from ._suggest import did_you_mean
 
-STRATEGIES = ("allreduce", "localsgd", "easgd", "none")
-BACKENDS = ("auto", "nccl", "gloo", "mpi")
-UNEVEN = ("join", "error")  # ranks that run out of data early: answer the others, or fail
-OVERLAP = ("auto", "on", "off")  # gradient buckets averaged while backward runs (auto: across hosts)
+__all__ = ["FitOptions", "FitUsageError", "TrainOptions", "STRATEGIES", "BACKENDS", "UNEVEN",
+           "OVERLAP"]
+
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
 
@@ -40,16 +42,12 @@ def _names(text: str | None, flag: str) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class FitOptions:
-    """Validated options of one run."""
+    """Validated options of one run: what every rank acts on (:attr:`train`, sent to the
+    engines as it is) and what only the kernel acts on."""
 
+    train: TrainOptions = field(default_factory=TrainOptions)
     n: int | None = None
-    sync: str = "allreduce"
-    every: int = 1
-    alpha: float = 0.5
     backend: str = "auto"
-    shard: tuple[str, ...] = ()
-    returns: tuple[str, ...] = ()
-    seed: int | None = None
     steps: int | None = None
     timeout: float | None = None
     collective_timeout: float = 60.0
@@ -60,23 +58,18 @@ class FitOptions:
     resume: bool = False
     max_restarts: int = 0
     keep_history: str | None = None
-    uneven: str = "join"
-    profile: int | None = None       # --profile STEPS: record that many optimizer steps per rank
-    bucket_mb: float = 25.0          # --bucket-mb: gradient bucket size (DDP's bucket_cap_mb)
-    overlap: str = "auto"            # --overlap: average full buckets while backward runs
-    check_every: int = 100           # --check-every: steps between checks that ranks agree
     extra: dict = field(default_factory=dict)
 
     @classmethod
-    def build(cls, *, n: Any = None, sync: str = "allreduce", every: Any = 1, alpha: Any = 0.5,
-              backend: str = "auto", shard: str | None = None, returns: str | None = None,
-              seed: Any = None, steps: Any = None, timeout: Any = None,
-              collective_timeout: Any = 60.0, name: str | None = None,
+    def build(cls, *, n: Any = None, sync: str = DEFAULT_SYNC, every: Any = DEFAULT_EVERY,
+              alpha: Any = DEFAULT_ALPHA, backend: str = "auto", shard: str | None = None,
+              returns: str | None = None, seed: Any = None, steps: Any = None,
+              timeout: Any = None, collective_timeout: Any = 60.0, name: str | None = None,
               widget: bool = True, checkpoint_every: Any = None, checkpoint_dir: str | None = None,
-              resume: bool = False, max_restarts: Any = 0, uneven: str = "join",
+              resume: bool = False, max_restarts: Any = 0, uneven: str = DEFAULT_UNEVEN,
               keep_history: str | None = None, profile: Any = None,
-              bucket_mb: Any = 25.0, overlap: str = "auto",
-              check_every: Any = 100) -> "FitOptions":
+              bucket_mb: Any = DEFAULT_BUCKET_MB, overlap: str = DEFAULT_OVERLAP,
+              check_every: Any = DEFAULT_CHECK_EVERY) -> "FitOptions":
         """Check every flag and return the options, or raise :class:`FitUsageError`."""
         # A plain name may be a notebook class: the runner checks it against the notebook.
         if sync not in STRATEGIES and not (_IDENT.match(sync or "") or _DOTTED.match(sync or "")):
@@ -108,23 +101,22 @@ class FitOptions:
                                 "(overlap where the ranks span several hosts), on or off")
         if not float(bucket_mb) > 0:
             raise FitUsageError(f"--bucket-mb must be a positive size in megabytes, got {bucket_mb} "
-                                "(25, as in DDP, suits most models)")
+                                f"({DEFAULT_BUCKET_MB:g}, as in DDP, suits most models)")
         if isinstance(check_every, bool) or not isinstance(check_every, int) or check_every < 0:
             raise FitUsageError(f"--check-every takes a whole number of steps >= 0 (0: check "
                                 f"that the ranks agree only at the end), got {check_every!r}")
-        shard_names, return_names = _names(shard, "--shard"), _names(returns, "--return")
-        return cls(n=None if n is None else int(n), sync=sync, every=int(every), alpha=float(alpha),
-                   backend=backend, shard=shard_names, returns=return_names,
-                   seed=None if seed is None else int(seed),
+        train = TrainOptions(sync=sync, sync_params={"every": int(every), "alpha": float(alpha)},
+                             seed=None if seed is None else int(seed),
+                             shard=_names(shard, "--shard"), returns=_names(returns, "--return"),
+                             uneven=uneven, profile=None if profile is None else int(profile),
+                             bucket_mb=float(bucket_mb), overlap=overlap, check_every=check_every)
+        return cls(train=train, n=None if n is None else int(n), backend=backend,
                    steps=None if steps is None else int(steps),
                    timeout=None if timeout is None else float(timeout),
                    collective_timeout=float(collective_timeout), name=name, widget=widget,
                    checkpoint_every=None if checkpoint_every is None else int(checkpoint_every),
                    checkpoint_dir=checkpoint_dir or None, resume=bool(resume),
-                   max_restarts=int(max_restarts), uneven=uneven,
-                   keep_history=_keep_dir(keep_history),
-                   profile=None if profile is None else int(profile), bucket_mb=float(bucket_mb),
-                   overlap=overlap, check_every=check_every)
+                   max_restarts=int(max_restarts), keep_history=_keep_dir(keep_history))
 
     @property
     def checkpointed(self) -> bool:

@@ -35,8 +35,8 @@ def check_cell(body: str, opts: FitOptions, user_ns: Mapping[str, Any]) -> None:
     """Refuse, naming it and the close names that exist, a ``--shard`` name, a ``--sync``
     class, a name the cell reads or a ``--return`` name that is defined nowhere; and a cell
     that is not Python, naming the line."""
-    check_defined("--shard", opts.shard, user_ns)
-    notebook_strategy(opts.sync, user_ns)
+    check_defined("--shard", opts.train.shard, user_ns)
+    notebook_strategy(opts.train.sync, user_ns)
     try:
         ast.parse(body)
     except SyntaxError as exc:  # said as one line: the frames shown would be phalanx's, not the cell's
@@ -44,9 +44,9 @@ def check_cell(body: str, opts: FitOptions, user_ns: Mapping[str, Any]) -> None:
         line = (exc.lineno or 0) + 1  # as the notebook numbers it: the magic's line is line 1
         raise FitUsageError(f"the cell is not valid Python (line {line}: {exc.msg})"
                             + (f": {text}" if text else "")) from None
-    injected = set(INJECTED) | set(opts.shard)
+    injected = set(INJECTED) | set(opts.train.shard)
     resolve_names(body, user_ns, injected=injected)
-    check_returns(body, opts.returns, user_ns, injected)
+    check_returns(body, opts.train.returns, user_ns, injected)
 
 
 def check_returns(body: str, returns: Iterable[str], user_ns: Mapping[str, Any],

@@ -37,6 +37,9 @@ class RunRecord:
     parts_series: Any = None
     # The optimizer steps the run was to take: --steps, else what the training framework said
     total_steps: int | None = None
+    # Each rank's bytes of the cell's parameters, gradients and optimizer state at the end, as
+    # the run's fit mode counts them (replicated: every rank the whole model)
+    held: dict[int, dict[str, int]] = field(default_factory=dict)
 
     @property
     def history_path(self) -> str | None:

@@ -12,6 +12,7 @@ faults become one clear error (see :mod:`._waiter` and :mod:`._errors`).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import time
@@ -77,7 +78,7 @@ class FitRunner:
         self.recovery.run_started(job)  # before the run shows as active: a resize can find it
         self.active, self.active_name = tracker, job.name
         try:
-            self._emit(events.run_started(run_id, len(slots), opts.steps, opts.sync, name=job.name))
+            self._emit(events.run_started(run_id, len(slots), opts.steps, opts.train.sync, name=job.name))
             if on_start is not None:
                 on_start(tracker, job.name)
             tracker.start()
@@ -141,8 +142,9 @@ class FitRunner:
             if status != "failed" or error.rank is None or restarts >= job.opts.max_restarts:
                 self._record(job, slots, results, status, versions, prepared)
                 final = _final(first_error, error, restarts)
-                if job.opts.returns:
-                    final.args = (final.args[0] + _what_came_back(status, results, job.opts.returns),
+                if job.opts.train.returns:
+                    final.args = (final.args[0] + _what_came_back(status, results,
+                                                                  job.opts.train.returns),
                                   *final.args[1:])
                 raise final
             restarts += 1
@@ -187,12 +189,13 @@ class FitRunner:
                            _exact_steps(tracker, results), tracker.history, changes=list(job.changes),
                            digest=tracker.digest, parts_series=tracker.parts_series,
                            memory=tracker.memory.peaks(),
-                           timing=tracker.timing.totals(), total_steps=tracker.total_steps)
+                           timing=tracker.timing.totals(), total_steps=tracker.total_steps,
+                           held={r: res.held for r, res in results.items() if res.held})
         record.manifest = build_manifest(job.opts, slots, job.backend, prepared, versions, record)
         record.manifest["history"] = record.history_manifest()
         record.manifest["checkpoint"] = _checkpoint_manifest(job.lineage, results)
         record.manifest["changes"] = list(job.changes)
-        if job.opts.profile and status == "done":
+        if job.opts.train.profile and status == "done":
             record.profile = ProfileReport.from_results(results, job.name, slots)
             record.manifest["profile"] = os.path.basename(record.profile.path) if record.profile else None
         self.last = record
@@ -251,13 +254,11 @@ class FitRunner:
                                         hosts=tuple(s.host for s in slots),
                                         pids=tuple(s.pid for s in slots)),
                         metrics_address=receiver.address, metrics_token=receiver.token,
-                        sync=prepared.strategy or opts.sync,
-                        sync_from_notebook=prepared.strategy is not None, every=opts.every,
-                        alpha=opts.alpha, seed=opts.seed, returns=tuple(opts.returns),
-                        checkpoint=checkpoint, uneven=opts.uneven, shard=tuple(opts.shard),
-                        memory_interval_s=self.memory_interval_s, profile=opts.profile,
-                        bucket_bytes=max(1, int(opts.bucket_mb * 2**20)), overlap=opts.overlap,
-                        check_every=opts.check_every)
+                        # a notebook strategy travels as the name of its shipped class
+                        train=dataclasses.replace(opts.train, sync=prepared.strategy)
+                        if prepared.strategy else opts.train,
+                        sync_from_notebook=prepared.strategy is not None, checkpoint=checkpoint,
+                        memory_interval_s=self.memory_interval_s)
                 for r in range(len(slots))]
 
 

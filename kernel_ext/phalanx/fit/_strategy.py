@@ -25,6 +25,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Mapping
 
+from ..runtime._options import default_sync_params
 from ._options import STRATEGIES, FitUsageError
 from ._suggest import did_you_mean
 
@@ -72,11 +73,13 @@ def _check_strategy_class(sync: str, name: str, value: Any) -> None:
         raise FitUsageError(f"--sync {sync}: class {name!r} (bases: {bases}) does not subclass "
                             f"phalanx.SyncStrategy; define it as `class {value.__name__}"
                             "(SyncStrategy): ...` and override its hooks (before_step, after_step)")
+    params = default_sync_params()
     try:
-        inspect.signature(value).bind(None, every=1, alpha=0.5)
+        inspect.signature(value).bind(None, **params)
     except (TypeError, ValueError) as exc:
+        given = ", ".join(f"{k}=..." for k in params)
         raise FitUsageError(f"--sync {sync}: the engines build the strategy as {name}(comm, "
-                            f"every=K, alpha=A), which its __init__ does not accept ({exc}); keep "
+                            f"{given}), which its __init__ does not accept ({exc}); keep "
                             "SyncStrategy's __init__(self, comm, every=1, alpha=0.5) signature and "
                             "call super().__init__ first") from None
 

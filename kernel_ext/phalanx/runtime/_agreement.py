@@ -88,7 +88,8 @@ def check_every_steps(run: Any) -> None:
     still answer rounds) take part; while some have, the check waits for the end of the run."""
     from ._join import KIND_CHECK
 
-    if run.agreement != "always" or not run.check_every or run.steps % run.check_every:
+    every = run.train.check_every
+    if run.agreement != "always" or not every or run.steps % every:
         return
     if run.world_size == 1 or run.join is None:
         return

@@ -2,8 +2,9 @@
 
 A commit is taken at a :func:`phalanx.steps` boundary (see :mod:`._resume`) and holds
 
-* every object bound at the top level of the cell that has ``state_dict``/``load_state_dict``
-  (models, optimizers, LR schedulers, grad scalers), serialized with ``torch.save``;
+* the objects the run's fit mode names (:meth:`~._fit_mode.FitMode.checkpointed`; replicated:
+  every object bound at the top level of the cell that has ``state_dict``/``load_state_dict``,
+  such as models, optimizers, LR schedulers, grad scalers), serialized with ``torch.save``;
 * the loop step (iterations completed) and the optimizer-step counter;
 * the RNG states (``random``, ``numpy``, ``torch`` and CUDA when used) of *every* rank, gathered
   at commit time, so a rank whose engine died can get its own back from any survivor.
@@ -27,20 +28,6 @@ from ._commits import KEEP, Commit
 from ._state import engine_state
 
 # --- what is saved ------------------------------------------------------------------------------
-
-def stateful_objects(namespace: dict) -> dict[str, Any]:
-    """Top-level objects of the cell with ``state_dict`` and ``load_state_dict``, by name."""
-    import types
-
-    found = {}
-    for name in sorted(namespace):
-        value = namespace[name]
-        if name.startswith("__") or isinstance(value, (type, types.ModuleType)):
-            continue
-        if callable(getattr(value, "state_dict", None)) and callable(getattr(value, "load_state_dict", None)):
-            found[name] = value
-    return found
-
 
 def to_bytes(obj: Any) -> bytes:
     import torch

@@ -25,6 +25,7 @@ from ._hooks import finish_uneven
 from ._interrupts import InterruptGate
 from ._memory import collect_cuda_garbage
 from ._resume import StopForResize, make_checkpointer
+from ._fit_mode import fit_mode
 from ._run_children import end_children_since
 from ._seam import CELL_FILENAME, Outcome, RankResult, RunSpec
 from ._state import RunContext, engine_state
@@ -88,11 +89,11 @@ def _run_cell(spec: RunSpec, shard_blobs: dict[str, bytes] | None, gate: Interru
         run.interrupts = gate
         run.checkpoints = make_checkpointer(spec.checkpoint, spec.rank, spec.world_size)
         state.run = run
-        _seed(spec.seed, spec.rank)
+        _seed(spec.train.seed, spec.rank)
         namespace.update(rank=spec.rank, world_size=spec.world_size, device=run.device)
-        hooks = _install_hooks(run, namespace, spec.shard)
+        hooks = _install_hooks(run, namespace, spec.train.shard)
         code = _compile(spec.body)
-        profiler = _start_profiler(spec.profile, run.device)
+        profiler = _start_profiler(spec.train.profile, run.device)
         with _as_main(main), torchrun_world(spec, group):
             exec(code, namespace)
         finish_uneven(run)  # ranks that still train get answers until every rank is done
@@ -105,6 +106,7 @@ def _run_cell(spec: RunSpec, shard_blobs: dict[str, bytes] | None, gate: Interru
         payload = _returns(spec, namespace)
         return RankResult(Outcome.OK, steps=run.progress, wall_s=time.time() - started,
                           returns=_dump_returns(payload, sent) if payload is not None else None,
+                          held=run.mode.held_bytes(namespace),
                           profile=profiler.result() if profiler is not None else None,
                           **_progress(run))
     except StopForResize as stop:  # every rank stops at the same commit: nothing to release
@@ -204,7 +206,7 @@ def _namespace(spec: RunSpec, shard_blobs: dict[str, bytes] | None) -> tuple[Any
     _track_scheduled_steps(memos)
     for name, part in (shard_blobs or {}).items():
         namespace[name] = cloudpickle.loads(part)
-    return module, (origins(memos) if spec.returns and spec.rank == 0 else {})
+    return module, (origins(memos) if spec.train.returns and spec.rank == 0 else {})
 
 
 def _track_scheduled_steps(memos: dict) -> None:
@@ -261,7 +263,7 @@ def _ensure_group(state: Any, spec: RunSpec) -> Any:
 
 def _shard_rows(namespace: dict, spec: RunSpec) -> int | None:
     """Rows of this rank's ``--shard`` data (for the uneven-inputs message), if any."""
-    for name in spec.shard:
+    for name in spec.train.shard:
         value = namespace.get(name)
         if value is not None and hasattr(value, "__len__"):
             return len(value)
@@ -274,14 +276,14 @@ def _new_run(spec: RunSpec, group: Any, namespace: dict) -> RunContext:
     from ._metrics import MetricsSender
 
     # A notebook-defined strategy arrives as a shipped name: this run's copy of the class.
-    strategy = namespace[spec.sync] if spec.sync_from_notebook else spec.sync
+    train = spec.train
+    strategy = namespace[train.sync] if spec.sync_from_notebook else train.sync
     run = RunContext(run_id=spec.run_id, rank=spec.rank, world_size=spec.world_size,
-                     device=_device(spec), strategy_spec=strategy, every=spec.every,
-                     alpha=spec.alpha, bucket_bytes=spec.bucket_bytes, overlap=spec.overlap,
-                     check_every=spec.check_every)
+                     device=_device(spec), strategy_spec=strategy, train=train, spec=spec,
+                     mode=fit_mode(train.mode))
     run.collectives = Collectives(group)
     run.bytes_at_start = run.collectives.bytes_sent
-    run.join = JoinControl(run.collectives, spec.uneven, _shard_rows(namespace, spec))
+    run.join = JoinControl(run.collectives, train.uneven, _shard_rows(namespace, spec))
     from ._memory import reset_cuda_peak
 
     reset_cuda_peak()  # the run's peak, not the process's
@@ -354,24 +356,15 @@ def _compile(body: str) -> Any:
 
 
 def _returns(spec: RunSpec, namespace: dict) -> dict | None:
-    if not spec.returns or spec.rank != 0:  # rank 0's copy is the one brought back
-        return None
-    out = {}
-    for name in spec.returns:
-        if name not in namespace:
-            raise NameError(f"--return {name}: the cell did not define {name!r}")
-        value = namespace[name]
-        out[name] = getattr(value, "module", value) if _is_ddp(value) else value
-    return out
+    """What this rank sends back for ``--return`` (the run's fit mode knows whose copy)."""
+    return fit_mode(spec.train.mode).returned(spec.rank, namespace, spec.train.returns)
 
 
 def _returns_so_far(spec: RunSpec, namespace: dict, sent: Any) -> bytes | None:
-    """Rank 0's ``--return`` names as they are now (those the cell has defined), or None."""
-    if not spec.returns or spec.rank != 0:
-        return None
-    defined = replace(spec, returns=tuple(n for n in spec.returns if n in namespace))
+    """This rank's ``--return`` names as they are now (those the cell has defined), or None."""
+    names = [n for n in spec.train.returns if n in namespace]
     try:
-        payload = _returns(defined, namespace)
+        payload = fit_mode(spec.train.mode).returned(spec.rank, namespace, names)
         return _dump_returns(payload, sent or {}) if payload else None
     except Exception as exc:  # the stop's own report matters more than a partial return
         log.warning("phalanx: --return after the stop failed: %s", exc)
@@ -384,11 +377,6 @@ def _dump_returns(payload: dict, sent: dict) -> bytes:
     from ._graph_pickle import dumps_returns
 
     return dumps_returns(payload, sent)
-
-
-def _is_ddp(value: Any) -> bool:
-    ddp = sys.modules.get("torch.nn.parallel")
-    return ddp is not None and isinstance(value, ddp.DistributedDataParallel)
 
 
 def _poison_group(state: Any, exc: BaseException) -> None:

@@ -25,7 +25,9 @@ from __future__ import annotations
 
 from typing import Any, Container, Sequence
 
-BUCKET_BYTES = 25 * 2**20
+from ._options import TrainOptions
+
+BUCKET_BYTES = TrainOptions().bucket_bytes  # --bucket-mb's default
 
 
 class Bucket:

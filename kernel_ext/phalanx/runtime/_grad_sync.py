@@ -237,7 +237,7 @@ class GradientSync:
 
     def _overlaps(self, layout: BucketLayout) -> bool:
         """Whether this pass hands full buckets to the gradient thread (``--overlap``)."""
-        mode = getattr(self.run, "overlap", "auto")
+        mode = self.run.train.overlap
         if mode == "off" or len(layout.buckets) < 2:
             return False
         if not self._bucket_per_call():
@@ -348,7 +348,7 @@ class GradientSync:
         groups = self._param_groups()
         key = [id(p) for _s, params in groups for p in params]
         if self._layout is None or key != self._layout_key or self._layout.moved():
-            self._layout = BucketLayout(groups, self.run.bucket_bytes)
+            self._layout = BucketLayout(groups, self.run.train.bucket_bytes)
             self._layout_key = key
         return self._layout
 

@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 
 from ._group import GroupSpec
+from ._options import TrainOptions
 
 # The file name the cell's code is compiled under: tracebacks and warnings name its lines.
 CELL_FILENAME = "<distributed_fit>"
@@ -66,21 +67,11 @@ class RunSpec:
     names: tuple[str, ...]             # shipped objects the cell uses, already on the engine
     group: GroupSpec                   # the process group to join (or reuse)
     metrics_address: str               # where ``log()`` rows go
-    sync: str                          # a strategy's name: built in, dotted, or a shipped class
-    every: int = 1
-    alpha: float = 0.5
+    train: TrainOptions = field(default_factory=TrainOptions)  # how every rank trains
     metrics_token: str = ""            # proves the rows come from this cluster's engines
-    sync_from_notebook: bool = False   # ``sync`` names a shipped notebook class
-    seed: int | None = None
-    returns: tuple[str, ...] = ()      # names rank 0 sends back (``--return``)
-    shard: tuple[str, ...] = ()        # names split by rows (``--shard``)
-    uneven: str = "join"               # what ranks that run out of rows early do
+    sync_from_notebook: bool = False   # ``train.sync`` names a shipped notebook class
     checkpoint: CheckpointSpec | None = None
     memory_interval_s: float = 1.0     # memory samples this often (0: off)
-    profile: int | None = None         # record this many optimizer steps (``--profile``)
-    bucket_bytes: int = 25 * 2**20     # gradient bucket size (``--bucket-mb``)
-    overlap: str = "auto"              # average full buckets while backward runs (``--overlap``)
-    check_every: int = 100             # steps between checks that the ranks agree (0: at the end)
 
 
 class Outcome(enum.Enum):
@@ -125,6 +116,8 @@ class RankResult:
     last_commit: int | None = None     # the last step this rank committed
     steps_loop: bool | None = None     # whether the loop ran through ``steps()``
     returns: bytes | None = None       # rank 0's ``--return`` values, pickled
+    held: dict | None = None           # this rank's bytes of parameters, gradients, optimizer
+                                       # state at the end, as its fit mode counts them
     profile: dict | None = None        # the ``--profile`` trace of this rank
     # Kernel-made details of a rank that could not answer for itself.
     exit_code: int | None = None       # of a dead engine

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._commits import CommitStore
+from ._options import TrainOptions
 
 
 class NotInRunError(RuntimeError):
@@ -28,8 +29,10 @@ class RunContext:
     world_size: int
     device: Any
     strategy_spec: Any = "allreduce"    # a built-in name, "pkg.mod.Class", or a shipped class
-    every: int = 1
-    alpha: float = 0.5
+    # How every rank trains, as the kernel sent it (the spec's own TrainOptions, not a copy)
+    train: TrainOptions = field(default_factory=TrainOptions)
+    spec: Any = None                    # the RunSpec this run was started from
+    mode: Any = None                    # FitMode: how the model lives across ranks (_fit_mode)
     steps: int = 0                      # optimizer steps (or partial_fit calls) so far
     passes: int = 0                     # backward passes whose gradients were averaged
     log_calls: int = 0
@@ -46,9 +49,6 @@ class RunContext:
     join: Any = None                    # JoinControl: uneven inputs (see _join)
     grad_sync: Any = None               # GradientSync: averaging at the end of backward
     watch: Any = None                   # TrainingWatch: finds what trains (see _training_watch)
-    bucket_bytes: int = 25 * 2**20      # gradient bucket size (--bucket-mb)
-    overlap: str = "auto"               # auto | on | off (--overlap, see _grad_sync)
-    check_every: int = 100              # steps between agreement checks (see _agreement)
     agreement: str = "at_end"           # the strategy's promise (SyncStrategy.agreement)
     interrupts: Any = None              # InterruptGate: defers an interrupt during an update
 

@@ -272,9 +272,10 @@ STRATEGIES: dict[str, type[SyncStrategy]] = {
     cls.name: cls for cls in (AllreduceSync, LocalSGD, EASGD, NoSync)}
 
 
-def make_strategy(spec: str | type, comm: Communicator, every: int = 1,
-                  alpha: float = 0.5) -> SyncStrategy:
-    """Build a strategy from a flag value: a known name or ``"pkg.mod.Class"`` of a subclass.
+def make_strategy(spec: str | type, comm: Communicator, **params: Any) -> SyncStrategy:
+    """Build a strategy from a flag value: a known name or ``"pkg.mod.Class"`` of a subclass,
+    given the run's strategy parameters (``--every``, ``--alpha``: one open mapping) as keyword
+    arguments.
 
     Example::
 
@@ -285,13 +286,13 @@ def make_strategy(spec: str | type, comm: Communicator, every: int = 1,
     cls = spec if isinstance(spec, type) else _resolve(spec)
     if not (isinstance(cls, type) and issubclass(cls, SyncStrategy)):
         raise ValueError(f"sync strategy {spec!r} is not a phalanx SyncStrategy subclass")
-    return cls(comm, every=every, alpha=alpha)
+    return cls(comm, **params)
 
 
 def run_strategy(run: Any) -> SyncStrategy:
     """A new instance of a run's strategy, from its flags (one per optimizer, estimator or
     group of parameters trained without an optimizer)."""
-    return make_strategy(run.strategy_spec, run.collectives, run.every, run.alpha)
+    return make_strategy(run.strategy_spec, run.collectives, **run.train.sync_params)
 
 
 def _resolve(spec: Any) -> Any:
