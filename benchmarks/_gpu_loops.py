@@ -5,10 +5,13 @@ step."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
+
+from _torchrun import Torchrun
+
+# Every torchrun launch of bench_gpu: judged by the figure rank 0 printed (see _torchrun.py).
+TORCHRUN = Torchrun(nproc=1)
 
 # Every timed loop, plain or in a cell: the data lives on the GPU, so the figure is the step.
 SETUP = """
@@ -40,7 +43,7 @@ elapsed = time.perf_counter() - started
 engine_peak_mb = torch.cuda.max_memory_allocated() / 2**20
 """
 
-TORCHRUN = SETUP + """
+DDP_SCRIPT = SETUP + """
 import os, sys, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 STEPS, WARMUP, BATCH = {steps}, {warmup}, {batch}
@@ -48,7 +51,7 @@ dist.init_process_group("nccl")
 device = torch.device("cuda", 0)
 torch.cuda.set_device(device)
 """ + LOOP.format(wrap="net = DistributedDataParallel(net, device_ids=[0])") + """
-print(STEPS * BATCH / elapsed)
+print(STEPS * BATCH / elapsed, flush=True)
 dist.destroy_process_group()
 """
 
@@ -118,12 +121,9 @@ def plain_rate(width: int, hidden: int, steps: int, batch: int) -> tuple[float, 
 def torchrun_rate(width: int, hidden: int, steps: int, batch: int) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "ddp_step.py"
-        script.write_text(TORCHRUN.format(width=width, hidden=hidden, steps=steps, warmup=10, batch=batch))
-        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                               "--nproc-per-node=1", str(script)], capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"torchrun failed:\n{done.stderr[-3000:]}")
-    return float(done.stdout.strip().splitlines()[-1])
+        script.write_text(DDP_SCRIPT.format(width=width, hidden=hidden, steps=steps, warmup=10,
+                                            batch=batch))
+        return TORCHRUN.run([script]).figure
 
 
 # (label, width, hidden, batch, steps): a model whose step the GPU's arithmetic bounds, and the

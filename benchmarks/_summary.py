@@ -18,6 +18,7 @@ SECTIONS = [
     ("guard", "bench_guard.py"),
     ("live", "bench_live.py"),
     ("step_parts", "bench_step_parts.py"),
+    ("frameworks", "bench_frameworks.py"),
     ("gpu", "bench_gpu.py"),  # records "skipped" where there is no CUDA device
 ]
 
@@ -28,10 +29,26 @@ def _row(section: str, name: str, value: float | None, target: str, met: bool | 
             "detail": detail}
 
 
+def teardown_note(record: dict | None) -> str:
+    """What a section's torchrun launches did at exit, for a row's detail ("" when all exited
+    cleanly): a launch that crashed at teardown after its figure still counts (_torchrun.py).
+
+    >>> teardown_note({"launches": 8, "crashed_at_teardown": 1})
+    '; 1 of 8 torchrun launches crashed at teardown after their figure'
+    >>> teardown_note({"launches": 8, "crashed_at_teardown": 0})
+    ''
+    """
+    if not record or not record.get("crashed_at_teardown"):
+        return ""
+    return (f"; {record['crashed_at_teardown']} of {record['launches']} torchrun launches "
+            "crashed at teardown after their figure")
+
+
 def _latency(d: dict) -> list[dict]:
     cold, warm = d["cold_torchrun_s"]["median"], d["warm_rerun_s"]["median"]
     rows = [_row("latency", "warm re-run vs cold torchrun launch", d["speedup"], ">= 100x",
-                 d["speedup"] >= 100, f"{warm * 1e3:.1f} ms vs {cold:.2f} s")]
+                 d["speedup"] >= 100, f"{warm * 1e3:.1f} ms vs {cold:.2f} s"
+                 + teardown_note(d.get("torchrun")))]
     if "bare_ipyparallel_round_trip_s" in d:  # measured in a real kernel since the live-view cut
         floor = d["bare_ipyparallel_round_trip_s"]["median"]
         empty = d["empty_cell_s"]["median"]
@@ -73,6 +90,8 @@ def _throughput(d: dict) -> list[dict]:
         if key not in r:  # results written before this ratio existed
             continue
         detail = f"baseline {sps[base]['median']:.0f} samples/s"
+        if base == "torchrun_ddp_2":
+            detail += teardown_note(d.get("torchrun"))
         if key == "magic_1_vs_plain" and "magic_1_vs_plain_fastest" in r:
             detail += (f"; median of {sps[base]['runs']} pairs, fastest run vs fastest run "
                        f"{r['magic_1_vs_plain_fastest']:.3f}")
@@ -117,6 +136,30 @@ def _start(d: dict) -> list[dict]:
                  d["ratio_stop_vs_bare"], ">= 1x", d["ratio_stop_vs_bare"] >= 1,
                  f"{d['phalanx_stop_s']['median']:.2f} s vs {d['bare_ipyparallel_stop_s']['median']:.2f} s")]
             if "ratio_stop_vs_bare" in d else [])  # results written before stops were timed
+
+
+def _frameworks(d: dict) -> list[dict]:
+    """Each framework's steps/s through the magic vs torchrun, then the Trainer re-run."""
+    note = teardown_note(d.get("torchrun"))
+    rows = []
+    order = {"hf_trainer": 0, "accelerate": 1, "lightning": 2}  # the results file sorts its keys
+    for _, f in sorted(d["frameworks"].items(), key=lambda kv: (order.get(kv[0], 3), kv[0])):
+        r = f["magic_vs_torchrun"]
+        rows.append(_row("frameworks", f"{f['label']}, 2 engines vs torchrun: steps/s",
+                         r["ratio"], ">= 0.97x", r["ratio"] >= 0.97,
+                         f"median of {len(r['pairs'])} paired ratios, spread "
+                         f"{r['min']:.3f}-{r['max']:.3f}; {f['magic_steps_per_s']['median']:.1f} "
+                         f"vs {f['torchrun_steps_per_s']['median']:.1f} steps/s"
+                         + (f"; rank 0's CPU per step {f['magic_cpu_ms_per_step']['median']:.2f}"
+                            f" vs {f['torchrun_cpu_ms_per_step']['median']:.2f} ms, the kernel's "
+                            f"{f['kernel_cpu_s_per_cell']['median']:.2f} s a cell"
+                            if "magic_cpu_ms_per_step" in f else "") + note))
+    rerun = d["rerun"]
+    rows.append(_row("frameworks", "fresh torchrun launch of the Trainer script / warm re-run "
+                     "of its cell (wall, start to done)", rerun["fresh_vs_warm"]["ratio"],
+                     "reported", None, f"{rerun['fresh_torchrun_s']['median']:.2f} s vs "
+                     f"{rerun['warm_cell_s']['median']:.2f} s" + note))
+    return rows
 
 
 def _generic(section: str) -> Callable[[dict], list[dict]]:
@@ -218,7 +261,7 @@ def _history(d: dict) -> list[dict]:
 
 
 _SUMMARIZERS = {"history": _history, "metrics": _metrics, "latency": _latency, "throughput": _throughput, "cluster_start": _start,
-                "allreduce": _allreduce, "network": _network}
+                "allreduce": _allreduce, "network": _network, "frameworks": _frameworks}
 
 
 def summarize(sections: dict[str, dict]) -> list[dict]:

@@ -1,7 +1,9 @@
 """The one training step that bench_latency and bench_throughput launch under torchrun.
 
 Usage: torchrun --standalone --nproc-per-node N _torchrun_step.py STEPS BATCH
-Prints rank 0's samples/s of the timed loop as the last line.  bench_throughput also runs
+Prints rank 0's samples/s of the timed loop as the last line, flushed at once (a launch is
+judged by it, see _torchrun.py: a worker that aborts at exit loses what its buffered stdout
+still holds).  bench_throughput also runs
 ``ddp_loop`` in the engines, over the group a run left warm.
 """
 
@@ -40,7 +42,7 @@ def main() -> None:
     dist.init_process_group("gloo")
     rate = ddp_loop(steps, batch)
     if dist.get_rank() == 0:
-        print(f"{rate:.3f}")
+        print(f"{rate:.3f}", flush=True)
     dist.destroy_process_group()
 
 

@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 
 from _common import parse_args, save, stats
-from _gpu_loops import (MODELS, SMALL, engine_rate, magic_rate, plain, plain_rate, run_cell,
-                        torchrun_rate)
+from _gpu_loops import (MODELS, SMALL, TORCHRUN, engine_rate, magic_rate, plain, plain_rate,
+                        run_cell, torchrun_rate)
 
 AMP_SETUP = """
 import torch
@@ -228,6 +228,7 @@ def main(argv: list[str] | None = None) -> dict:
                                        "magic_vs_torchrun_ddp": m["magic"] / m["torchrun_ddp"]}}
             print(label, {k: round(v, 1) for k, v in m.items()}, rates[label]["ratios"], memory)
         data["throughput"] = rates
+        data["torchrun"] = TORCHRUN.record()
         data["engines_after"] = [dict(r) for r in session.status().rows]
     finally:
         run_cell(shell, "%cluster stop")

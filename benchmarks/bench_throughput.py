@@ -21,14 +21,13 @@ reported beside the paired median.  The training thread's CPU time follows its w
 from __future__ import annotations
 
 import statistics
-import subprocess
-import sys
 import time
 
 import torch
 
 from _common import HERE, parse_args, save, stats
 from _models import make_data, make_mlp
+from _torchrun import Torchrun
 
 LOOP = """
 import time, torch
@@ -60,13 +59,10 @@ def plain_loop(steps: int, batch: int) -> float:
     return steps * batch / (time.perf_counter() - started)
 
 
-def torchrun_ddp(steps: int, batch: int, workers: int) -> float:
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           f"--nproc-per-node={workers}", str(HERE / "_torchrun_step.py"),
-                           str(steps), str(batch)], capture_output=True, text=True, cwd=HERE)
-    if done.returncode != 0:
-        raise RuntimeError(f"torchrun failed:\n{done.stderr[-3000:]}")
-    return float(done.stdout.strip().splitlines()[-1]) * workers
+def torchrun_ddp(torchrun: Torchrun, steps: int, batch: int) -> float:
+    """Judged by the figure rank 0 printed (a crash at teardown after it is counted)."""
+    launch = torchrun.run([HERE / "_torchrun_step.py", steps, batch])
+    return launch.figure * torchrun.nproc
 
 
 def engine_ddp(session, steps: int, batch: int) -> float:
@@ -104,13 +100,14 @@ def main(argv: list[str] | None = None) -> dict:
     samples: dict[str, list[float]] = {k: [] for k in (
         "plain", "torchrun_ddp_2", "magic_1", "magic_2_allreduce", "magic_2_localsgd", "magic_2_wrap",
         "engine_ddp_2", "big_overlap_on", "big_overlap_off")}
+    torchrun = Torchrun(nproc=2)
     session = Session()
     session.start_cluster(n=2, gpus="none")
     try:
         magic_run(session, 20, batch, 2, "allreduce", False)  # warm the group and imports
         for _ in range(repeats):
             samples["plain"].append(plain_loop(steps, batch))
-            samples["torchrun_ddp_2"].append(torchrun_ddp(steps, batch, 2))
+            samples["torchrun_ddp_2"].append(torchrun_ddp(torchrun, steps, batch))
             samples["magic_1"].append(magic_run(session, steps, batch, 1, "allreduce", False))
             samples["magic_2_allreduce"].append(magic_run(session, steps, batch, 2, "allreduce", False))
             samples["magic_2_localsgd"].append(magic_run(session, steps, batch, 2, "localsgd", False))
@@ -153,8 +150,12 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{name:22s} {value['median']:10.0f} samples/s (min {value['min']:.0f}, max {value['max']:.0f})")
     for name, value in ratios.items():
         print(f"{name:36s} {value:6.3f}")
+    launches = torchrun.record()
+    print(f"torchrun launches: {launches['launches']}, crashed at teardown after their figure: "
+          f"{launches['crashed_at_teardown']}")
     data = {"samples_per_s": med, "ratios": ratios, "steps": steps, "batch_per_worker": batch,
-            "target": ">= 0.97x of the matching baseline", "ratios_are": "medians of paired repeats"}
+            "target": ">= 0.97x of the matching baseline", "ratios_are": "medians of paired repeats",
+            "torchrun": launches}
     save("throughput", data, args.json)
     return data
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from _summary import _row, render_markdown  # noqa: E402
+from _summary import _row, render_markdown, summarize, teardown_note  # noqa: E402
 
 
 def _table_row(value: float, target: str, met: bool) -> str:
@@ -23,3 +23,58 @@ def test_other_ratios_keep_three_significant_digits():
     assert "| 0.97 |" in _table_row(0.9696, "reported", None)
     assert "| 0.972 |" in _table_row(0.97204, ">= 0.97x", True)
     assert "| 28 |" in _table_row(28.0, "<= 15 ms", False)
+
+
+def _frameworks_section(crashed: int = 0) -> dict:
+    def stats(median: float) -> dict:
+        return {"median": median, "min": median, "max": median, "runs": 4, "samples": [median] * 4}
+
+    def framework(label: str, ratios: list[float], magic: float, torchrun: float) -> dict:
+        return {"label": label, "steps": 100, "magic_steps_per_s": stats(magic),
+                "torchrun_steps_per_s": stats(torchrun), "magic_cpu_ms_per_step": stats(21.0),
+                "torchrun_cpu_ms_per_step": stats(20.5), "kernel_cpu_s_per_cell": stats(0.4),
+                "magic_vs_torchrun": {"ratio": sorted(ratios)[len(ratios) // 2], "min": min(ratios),
+                                      "max": max(ratios), "pairs": ratios}}
+
+    # in the order of the results file (sorted keys): the table keeps the section's own order
+    return {"frameworks": {"lightning": framework("Lightning", [0.9, 0.95, 0.96], 95.0, 100.0),
+                           "hf_trainer": framework("HF Trainer", [0.99, 1.02, 0.98], 40.0, 39.5)},
+            "rerun": {"warm_cell_s": stats(0.93), "fresh_torchrun_s": stats(14.0),
+                      "fresh_vs_warm": {"ratio": 15.1, "min": 13.0, "max": 16.0, "pairs": []}},
+            "torchrun": {"launches": 8, "crashed_at_teardown": crashed, "crashes": []}}
+
+
+def test_the_frameworks_rows_give_each_paired_ratio_against_its_target_and_the_rerun_as_reported():
+    rows = summarize({"frameworks": _frameworks_section()})
+    assert [(r["name"], r["value"], r["target"], r["met"]) for r in rows] == [
+        ("HF Trainer, 2 engines vs torchrun: steps/s", 0.99, ">= 0.97x", True),
+        ("Lightning, 2 engines vs torchrun: steps/s", 0.95, ">= 0.97x", False),
+        ("fresh torchrun launch of the Trainer script / warm re-run of its cell (wall, start to "
+         "done)", 15.1, "reported", None)]
+    assert rows[0]["detail"] == ("median of 3 paired ratios, spread 0.980-1.020; 40.0 vs 39.5 "
+                                 "steps/s; rank 0's CPU per step 21.00 vs 20.50 ms, the "
+                                 "kernel's 0.40 s a cell")
+    assert rows[2]["detail"] == "14.00 s vs 0.93 s"
+
+
+def test_a_torchrun_launch_that_crashed_at_teardown_after_its_figure_is_said_in_the_rows():
+    rows = summarize({"frameworks": _frameworks_section(crashed=1)})
+    assert all(r["detail"].endswith("; 1 of 8 torchrun launches crashed at teardown after their "
+                                    "figure") for r in rows)
+    assert teardown_note(None) == "" and teardown_note({"launches": 3, "crashed_at_teardown": 0}) == ""
+
+
+def test_the_throughput_and_latency_rows_say_their_torchrun_crashes_too():
+    record = {"launches": 7, "crashed_at_teardown": 2}
+    latency = {"cold_torchrun_s": {"median": 6.2}, "warm_rerun_s": {"median": 0.028},
+               "speedup": 221.0, "torchrun": record}
+    sps = {k: {"median": 1000.0, "runs": 7} for k in ("plain", "torchrun_ddp_2")}
+    throughput = {"samples_per_s": sps, "torchrun": record,
+                  "ratios": {"magic_1_vs_plain": 0.95, "magic_2_wrap_vs_torchrun_ddp": 0.98,
+                             "scaling_efficiency_allreduce": 0.4, "scaling_efficiency_torchrun": 0.2}}
+    rows = summarize({"latency": latency, "throughput": throughput})
+    said = "; 2 of 7 torchrun launches crashed at teardown after their figure"
+    assert rows[0]["detail"] == "28.0 ms vs 6.20 s" + said
+    by_name = {r["name"]: r["detail"] for r in rows}
+    assert by_name["2 workers wrap() (DDP) vs torchrun+DDP"] == "baseline 1000 samples/s" + said
+    assert by_name["1 worker vs plain loop"] == "baseline 1000 samples/s"   # no torchrun in it
