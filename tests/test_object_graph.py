@@ -135,3 +135,19 @@ name = __name__
 """)
     assert shell.user_ns["name"] == "__main__"
     assert shell.user_ns["restored_ok"] and shell.user_ns["deep_ok"]
+
+
+def test_a_notebook_functions_error_shows_its_own_lines_in_the_remote_traceback(two_engines, shell):
+    """Code from an earlier cell keeps its cell's name and lines on the engines (cloudpickle
+    alone names the frame <dynamic-code> and shows no source)."""
+    from phalanx.fit import DistributedFitError
+
+    run_cell(shell, "def scaled_loss(x):\n"
+                    "    factor = len(x)\n"
+                    "    raise ValueError(f'no loss for {factor} rows')\n")
+    with pytest.raises(DistributedFitError) as info:
+        run_cell(shell, "%%distributed_fit --no-widget\nscaled_loss([1, 2, 3])\n")
+    message = str(info.value)
+    assert "<dynamic-code>" not in message
+    assert "raise ValueError(f'no loss for {factor} rows')" in message, message
+    assert "in scaled_loss" in message and "ValueError: no loss for 3 rows" in message

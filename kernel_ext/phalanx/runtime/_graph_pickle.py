@@ -19,7 +19,10 @@ globals are the notebook's namespace.  Here they are written as a reference to *
 namespace*, so on the engine they read and write the cell's own globals, as in the notebook (a
 ``train()`` defined in an earlier cell sees the ``model`` the cell rebinds).  The globals such a
 function reads are shipped with it, except names the run binds itself (other shipped names,
-``--shard`` parts, ``rank``/``world_size``/``device``), which it finds there.
+``--shard`` parts, ``rank``/``world_size``/``device``), which it finds there.  Their code keeps
+the name of the cell it came from, and that cell's source travels with it into the engine's
+line cache: an error raised in a notebook function shows its own lines in the remote traceback
+(cloudpickle alone names every such frame ``<dynamic-code>``, with no source).
 
 What comes back (``--return``) goes the other way: an object that came from the notebook is
 written as a reference to the notebook's own object, with its new state, and the kernel
@@ -43,11 +46,15 @@ from __future__ import annotations
 
 import contextlib
 import io
+import linecache
 import pickle
 import sys
 import threading
 import types
+from collections import ChainMap
 from typing import Any, Iterable, Iterator, Mapping
+
+import cloudpickle.cloudpickle as _cloudpickle
 
 from ._tensor_pickle import _Pickler
 
@@ -90,6 +97,9 @@ class GraphPacker:
 
 class _GraphPickler(_Pickler):
     def __init__(self, file: io.BytesIO, packer: GraphPacker, name: str) -> None:
+        # Read once by the C pickler when it starts: set before that
+        self._sources: dict[str, str | None] = {}  # a cell's source, written once per name
+        self.dispatch_table = ChainMap({types.CodeType: self._code_reduce}, _Pickler.dispatch_table)
         super().__init__(file, storages=packer.storages)
         self._packer, self._name = packer, name
         self.refers_to: set[str] = set()
@@ -107,6 +117,20 @@ class _GraphPickler(_Pickler):
         self.refers_to.add(entry[0])
         return (_REFERENCE, entry[0], entry[1])
 
+    def _code_reduce(self, code: types.CodeType) -> Any:
+        """cloudpickle's reduction of a code object, with its real file name and, where the
+        kernel holds the cell's lines, the source to put in the engine's line cache."""
+        rebuild, args = _cloudpickle._code_reduce(code)
+        filename = code.co_filename
+        if filename not in self._sources:
+            lines = linecache.getlines(filename)
+            self._sources[filename] = "".join(lines) if lines else None
+        source = self._sources[filename]
+        if source is None:
+            return rebuild, args
+        args = tuple(filename if arg == _DYNAMIC_CODE else arg for arg in args)
+        return _code_with_source, (rebuild, args, filename, source)
+
     def _dynamic_function_reduce(self, func: Any) -> Any:
         reduced = super()._dynamic_function_reduce(func)
         if func.__globals__ is self._packer.user_ns and self._packer.bound:
@@ -114,6 +138,16 @@ class _GraphPickler(_Pickler):
             slotstate["__globals__"] = {k: v for k, v in slotstate["__globals__"].items()
                                         if k not in self._packer.bound}
         return reduced
+
+
+_DYNAMIC_CODE = "<dynamic-code>"  # the file name cloudpickle gives every code object
+
+
+def _code_with_source(rebuild: Any, args: tuple, filename: str, source: str) -> types.CodeType:
+    """On the engine: the code object, its cell's lines in the line cache (no file behind them:
+    no modification time, so the cache never drops them)."""
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    return rebuild(*args)
 
 
 class _GraphUnpickler(pickle.Unpickler):
