@@ -11,6 +11,7 @@ exit.  A normal ``%cluster stop`` leaves no watchdog running.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import time
@@ -121,9 +122,15 @@ def test_killed_kernel_leaves_no_process_scratch_dir_or_segment(tmp_path, figure
         # forked (the socket's path in pytest's TMPDIR is about as long as a Unix address holds)
         assert roles.count("fork server") == 1 and roles.count("forked engine") == 2, roles
 
+        # the controller's connection files (its keys) and the cluster's other files
+        files = json.loads(execute(client, "import json\n"
+                                           "from phalanx.cluster._cluster_files import files_of\n"
+                                           "print(json.dumps(files_of(get_session().cluster._cluster)))"))
+        assert [f for f in files if os.path.exists(f)], files
         killed = _kill_and_wait(km, seen, figures, "orphans_killed_kernel")
         wait_for(lambda: not _scratch_dirs(tmp_path, kernel_pid) and not shm_segments_of(pids),
                  GONE_S, interval=0.05, what="the kernel's scratch directory and segment removed")
+        assert not [f for f in files if os.path.exists(f)], files
         figures["orphans_killed_kernel_files_gone_s"] = round(time.monotonic() - killed, 2)
 
 

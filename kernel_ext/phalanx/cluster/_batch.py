@@ -75,7 +75,8 @@ class BatchLauncher(RemoteLauncher):
         except ValueError as exc:
             raise ClusterError(f"--{self.name}-args {self.options.submit_args!r}: {exc}") from None
 
-    def engine_kwargs(self, set_id: str, count: int, environment: dict[str, str]) -> dict:
+    def engine_kwargs(self, set_id: str, count: int, environment: dict[str, str],
+                      hosts: dict[str, int] | None = None) -> dict:
         kwargs = super().engine_kwargs(set_id, count, environment)
         kwargs["submit_command"] = ["sh", "-c", _MERGED, self.submit, *self.submit_flags()]
         if self.profile_dir:  # the job script goes with the cluster's files, not the notebook's
@@ -167,7 +168,8 @@ class LsfLauncher(BatchLauncher):
     submit = "bsub"
     system = "LSF"
 
-    def engine_kwargs(self, set_id: str, count: int, environment: dict[str, str]) -> dict:
+    def engine_kwargs(self, set_id: str, count: int, environment: dict[str, str],
+                      hosts: dict[str, int] | None = None) -> dict:
         # ipyparallel pipes the script into a bare `bsub`: flags cannot ride on the command
         if self.submit_flags():
             raise ClusterError("LSF reads its options from the job script: put them in the "

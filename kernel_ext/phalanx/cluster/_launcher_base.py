@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import socket
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from ._errors import ClusterError
 from ._locality import is_loopback, route_address
@@ -44,6 +44,7 @@ class Launcher:
     name = "local"            # --launcher NAME; ipyparallel names its engine-set launcher alike
     engines_here = True       # engines certainly run on the kernel's host
     one_set_per_engine = True
+    restarts_one_engine = False  # one engine of a group can be replaced alone (on its host)
     ask_engines_to_exit = False  # before stopping them through the launcher (slow for SSH)
     ends_engines_by_pid = True   # its engines are processes here that phalanx may signal itself
     forks_engines = True         # CPU engines may be forked from a zygote (cluster/_zygote.py)
@@ -68,8 +69,10 @@ class Launcher:
         """Beyond loopback the controller's sockets are CurveZMQ-encrypted unless turned off."""
         return [CURVE_ARG] if self.options.encrypt and not is_loopback(address) else []
 
-    def engine_kwargs(self, set_id: str, count: int, environment: dict[str, str]) -> dict:
-        """Keyword arguments of ``Cluster.start_engines`` for one engine set."""
+    def engine_kwargs(self, set_id: str, count: int, environment: dict[str, str],
+                      hosts: dict[str, int] | None = None) -> dict:
+        """Keyword arguments of ``Cluster.start_engines`` for one engine set (``hosts``: where
+        its engines go, for launchers that place them; ``None``: where the options say)."""
         from ._supervise import command as supervised, parent_env
 
         # on this host engines can watch the kernel and stop when it is gone
@@ -92,6 +95,23 @@ class Launcher:
 
     def forget(self, engine_set: Any) -> None:
         """Let go of an engine set whose engines have all exited on request."""
+
+    def note_started(self, engine_set: Any, slots: list) -> None:
+        """Remember, for each newly registered slot, what a restart needs to replace it."""
+
+    def hosts_of(self, slots: list) -> dict[str, int] | None:
+        """Where replacements of ``slots`` go (``None``: where the options say)."""
+        return None
+
+    def end_engines(self, engine_sets: list, slots: list,
+                    ask: Callable[[], bool]) -> tuple[bool, list[str]]:
+        """Have ``slots``' engines exit: ``ask`` asks them through the controller (True once
+        they all left it).  Returns that answer and the processes still running (described
+        for a message); a launcher whose engines run elsewhere waits there until they exit."""
+        return ask(), []
+
+    def cleanup(self) -> None:
+        """After a stop: remove what the launcher made outside the kernel's profile."""
 
     def after_stop(self, engine_set: Any, timeout: float = 30.0) -> None:
         """Wait, after ipyparallel stopped an engine set, until it is really gone."""
@@ -118,7 +138,8 @@ class RemoteLauncher(Launcher):
         """A host the engines run on, or next to (its route picks the interface)."""
         return None
 
-    def engine_kwargs(self, set_id: str, count: int, environment: dict[str, str]) -> dict:
+    def engine_kwargs(self, set_id: str, count: int, environment: dict[str, str],
+                      hosts: dict[str, int] | None = None) -> dict:
         return {"environment": dict(environment)}
 
 

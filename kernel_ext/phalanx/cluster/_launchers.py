@@ -48,7 +48,8 @@ class MpiLauncher(Launcher):
 
         find_mpiexec()
 
-    def engine_kwargs(self, set_id: str, count: int, environment: dict[str, str]) -> dict:
+    def engine_kwargs(self, set_id: str, count: int, environment: dict[str, str],
+                      hosts: dict[str, int] | None = None) -> dict:
         from ._procs import find_mpiexec
 
         return {**super().engine_kwargs(set_id, count, environment), "mpi_cmd": [find_mpiexec()]}

@@ -5,7 +5,8 @@ Processes are started by ipyparallel's own ``Cluster`` and launchers.  What phal
 * a launcher object per kind (:mod:`._launchers`) says where the controller listens and how
   engines start; with the local launcher every engine is its own engine set (a *slot*), so one
   rank can be restarted or stopped alone, which ipyparallel cannot do by engine id;
-* dense ranks over the slots (:class:`RankTable`), pinned GPUs (:mod:`._gpus`);
+* dense ranks over the slots (:class:`RankTable`), pinned GPUs (:mod:`._gpus`); restarts and
+  scale-downs that leave no old engine running on any host (:mod:`._replace`);
 * fail-fast start (:mod:`._engines`): an engine set that exits before registering ends the wait
   at once with the tail of its log, and nothing is left running.
 
@@ -32,9 +33,11 @@ from ._heartbeat import CONTROLLER_ARGS
 from ._loop import LoopThread
 from ._mpi_segments import mpich_segments, remove_segments
 from ._launchers import Launcher, LaunchOptions, make_launcher
+from ._cluster_files import files_of, remove_files
 from ._procs import (check_count, children_of, kill_leftovers, local_pids, terminate_together,
-                     is_adopted, quiet_logger, shutdown_engines)
+                     quiet_logger, shutdown_engines)
 from ._ranks import EngineSlot, RankTable
+from ._replace import ReplaceMixin
 from ._reporting import AdoptionMixin, StatusMixin
 from ._supervise import command as supervised, parent_env
 from ._warden import Warden, launched_processes
@@ -53,7 +56,7 @@ log = logging.getLogger("phalanx")
 NO_TASK_DATABASE = ["--nodb"]
 
 
-class ClusterManager(StatusMixin, AdoptionMixin, EngineStartMixin):
+class ClusterManager(StatusMixin, AdoptionMixin, ReplaceMixin, EngineStartMixin):
     """Start and manage one ipyparallel cluster; all methods are synchronous.
 
     ``on_change`` is called (from any thread) whenever engines come, go or change state.
@@ -216,20 +219,31 @@ class ClusterManager(StatusMixin, AdoptionMixin, EngineStartMixin):
         self._warden.watch(stand_in)
         cluster.controller.on_stop(self._controller_stopped)
         self.client = await cluster.connect_client()
+        # the controller's word that an engine is gone marks its rank dead at once (an SSH
+        # launcher notices an exited engine only when its next poll over SSH returns)
+        self.client._registration_callbacks.append(self._engine_event)
+        self._warden.remove_at_exit(files_of(cluster))
         if zygote is not None and stand_in:  # it runs by now: the client has connected to it
             self._forked_controller = zygote.controller(since=stand_in[0].create_time())
             if self._forked_controller is not None:  # the warden then knows its schedulers
                 self._warden.watch([self._forked_controller])
 
     def stop(self) -> bool:
-        """Stop every engine and the controller; returns False when nothing was running."""
+        """Stop every engine and the controller; returns False when nothing was running.
+
+        Returns once every engine process has exited, on every host; raises, after the stop,
+        naming those still running where one could not be ended (an unreachable host)."""
         if not self.running:
             return False
-        self._teardown()
+        running = self._teardown()
+        if running:
+            raise ClusterError("the cluster was stopped, but engine processes are still exiting: "
+                               + "; ".join(running))
         return True
 
-    def _teardown(self) -> None:
+    def _teardown(self) -> list[str]:
         with self._lock:
+            slots = list(self._slots.values())
             pids = local_pids(self._slots.values())
             nannies = children_of(pids) + (self._zygote.nannies() if self._zygote else [])
             segments = mpich_segments(pids)  # read while the engines still map them
@@ -240,18 +254,21 @@ class ClusterManager(StatusMixin, AdoptionMixin, EngineStartMixin):
         self._cluster = self.client = self._runner = self._warden = None
         self._forked_controller = None
         sets = list(cluster.engines.values()) if cluster is not None else []
+        files = files_of(cluster) if cluster is not None else []
+        running: list[str] = []
         try:
             left = True
             if client is not None:
-                left = shutdown_engines(client, asked)
+                left, running = self._launcher.end_engines(
+                    sets, slots, lambda: shutdown_engines(client, asked))
                 client.close(linger=0)
             if self._launcher.ends_engines_by_pid:
                 terminate_together(pids)
             if cluster is not None and runner is not None:
                 if left and self._launcher.ask_engines_to_exit:  # the engines are gone
-                    runner.run(cluster.stop_controller(), timeout=30)
                     for set_id in list(cluster.engines):
                         self._launcher.forget(cluster.engines.pop(set_id))
+                    runner.run(cluster.stop_controller(), timeout=30)
                 else:
                     runner.run(cluster.stop_cluster(), timeout=30)
         except Exception as exc:  # keep going: what matters is that no process survives
@@ -270,11 +287,14 @@ class ClusterManager(StatusMixin, AdoptionMixin, EngineStartMixin):
                 warden.close()
             if runner is not None:
                 runner.close()
+            self._launcher.cleanup()
+            remove_files(files)  # what the controller's own exit leaves
             with self._lock:
                 self._slots.clear()
                 self._ranks = RankTable()
                 self.generation += 1
             self._on_change()
+        return running
 
     def _await_gone(self, sets: list) -> None:
         """Return once the launcher no longer lists the stopped sets (a cancelled batch job
@@ -310,82 +330,6 @@ class ClusterManager(StatusMixin, AdoptionMixin, EngineStartMixin):
         elif n < current:
             self._remove_slots(self._ranks.highest(current - n))
         return self.slots()
-
-    def restart(self, rank: int | None = None) -> list[EngineSlot]:
-        """Restart one rank (its engine is replaced, the rank is kept) or every engine."""
-        self._require_running()
-        if rank is None:
-            targets = list(self._ranks)
-        else:
-            if not isinstance(rank, int) or isinstance(rank, bool):
-                raise ClusterError(f"restart takes a rank number, got {rank!r}")
-            try:
-                targets = [self._ranks.slot_at(rank)]
-            except IndexError as exc:
-                raise ClusterError(str(exc)) from None
-        adopted = [self._ranks.rank_of(s) for s in targets if is_adopted(self._slots[s])]
-        if adopted:
-            raise ClusterError(f"rank(s) {', '.join(map(str, adopted))} run on engines started "
-                               "outside phalanx: restart them where they run and adopt them again")
-        sets = {self._slots[s].engine_set_id for s in targets}
-        if not self._launcher.one_set_per_engine:
-            whole = {s for s in self._slots if self._slots[s].engine_set_id in sets}
-            if whole != set(targets):
-                raise ClusterError(f"the {self.launcher} launcher starts engines in groups; "
-                                   "restart them all with %cluster restart")
-        try:
-            self._stop_sets(sets)
-            self._add_engines(len(targets), replacing=targets)
-        except BaseException:
-            with self._lock:  # the old engines are gone either way: never leave a stale slot
-                for slot_id in targets:
-                    self._slots[slot_id].state = "dead"
-            self._on_change()
-            raise
-        return self.slots()
-
-    def _remove_slots(self, slot_ids: list[str]) -> None:
-        sets = {self._slots[s].engine_set_id for s in slot_ids}
-        whole = {s for s in self._slots if self._slots[s].engine_set_id in sets}
-        if whole != set(slot_ids):
-            raise ClusterError(f"the {self.launcher} launcher starts engines in groups of "
-                               "several; scale down by whole groups or restart the cluster")
-        self._stop_sets(sets)
-        with self._lock:
-            for slot_id in slot_ids:
-                self._slots.pop(slot_id, None)
-                self._ranks.remove(slot_id)
-            self.generation += 1
-        self._on_change()
-
-    def _ask_to_exit(self, slot: EngineSlot) -> bool:
-        """Engines asked to exit over ipyparallel before their launcher stops them: those
-        phalanx did not start, and those whose launcher is slow to stop them (SSH)."""
-        return is_adopted(slot) or self._launcher.ask_engines_to_exit
-
-    def _stop_sets(self, sets: set[str]) -> None:
-        with self._lock:
-            doomed = [s for s in self._slots.values() if s.engine_set_id in sets]
-            pids = local_pids(doomed)
-            for slot in doomed:
-                slot.state = "stopping"
-        self._on_change()
-        assert self._runner is not None
-        left = shutdown_engines(self.client, [s.engine_id for s in doomed if self._ask_to_exit(s)])
-        launched = sets - {s.engine_set_id for s in doomed if is_adopted(s)}
-        stopping = [self._cluster.engines[s] for s in launched if s in self._cluster.engines]
-        if self._launcher.ends_engines_by_pid:
-            terminate_together(pids)
-        for set_id in launched:
-            if left and self._launcher.ask_engines_to_exit:
-                self._launcher.forget(self._cluster.engines.pop(set_id, None))
-                continue
-            try:
-                self._runner.run(self._cluster.stop_engines(set_id), timeout=30)
-            except KeyError:
-                pass  # the set already exited on its own
-        kill_leftovers(pids)
-        self._await_gone(stopping)
 
     # --- checks -------------------------------------------------------------------------------
 

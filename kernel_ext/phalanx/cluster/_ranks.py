@@ -33,6 +33,7 @@ class EngineSlot:
     state: str = "starting"
     exit_code: int | None = None
     info: dict = field(default_factory=dict)
+    restarts_alone: bool = True  # %cluster restart RANK replaces it alone (else: all engines)
 
 
 class RankTable:
@@ -75,3 +76,24 @@ class RankTable:
     def highest(self, count: int) -> list[str]:
         """The ``count`` highest-ranked slots, highest first (what scaling down stops)."""
         return list(reversed(self._slots[len(self._slots) - count:])) if count else []
+
+
+def pair_by_host(old: list[EngineSlot], new: list[EngineSlot]) -> list[EngineSlot]:
+    """``new`` reordered so that each replaces the ``old`` slot started on the same launch host
+    (``info["launch_host"]``) where one is; the rest in their order.
+
+    Example::
+
+        >>> a, b = EngineSlot("a", "s", info={"launch_host": "h1"}), EngineSlot("b", "s", info={"launch_host": "h2"})
+        >>> [s.slot_id for s in pair_by_host([b, a], [a, b])]
+        ['b', 'a']
+    """
+    left = list(new)
+    paired: list[EngineSlot | None] = []
+    for slot in old:
+        host = slot.info.get("launch_host")
+        match = next((s for s in left if host is not None and s.info.get("launch_host") == host), None)
+        if match is not None:
+            left.remove(match)
+        paired.append(match)
+    return [s if s is not None else left.pop(0) for s in paired]

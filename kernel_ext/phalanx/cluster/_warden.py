@@ -10,13 +10,16 @@ own so that a signal sent to the kernel's process group does not reach it::
     python .../phalanx/cluster/_warden.py KERNEL_PID KERNEL_START TMPDIR
 
 The kernel tells it on its stdin which processes it launched (``watch PID START``, kept up to date
-when engines are added by scaling or restarts) and ``stop`` when the cluster was stopped normally.
+when engines are added by scaling or restarts), which files of the cluster hold its keys or state
+(``file PATH``) and ``stop`` when the cluster was stopped normally.
 Every few seconds it also remembers their children (an engine's nanny, the controller's
 schedulers), so that it knows them even after their parent is gone.
 
 * the kernel gone (pidfd, or a poll where there is none): it terminates, then kills, every process
-  it knows and every process still in their process groups; then it removes the kernel's
-  scratch directories and the shared-memory segments of the processes that died, and exits;
+  it knows and every process still in their process groups; then it removes the cluster's files
+  (the controller's connection files with their keys, which a killed controller leaves), the
+  kernel's scratch directories and the shared-memory segments of the processes that died, and
+  exits;
 * ``stop``: it ends whatever the normal stop left behind (the orphaned schedulers of a controller
   that died earlier) and exits.
 
@@ -93,6 +96,10 @@ class Warden:
                 continue  # already gone: nothing to watch
         self._send("".join(lines))
 
+    def remove_at_exit(self, paths: Iterable[str]) -> None:
+        """Files the watchdog removes if the kernel dies (the stop removes them otherwise)."""
+        self._send("".join(f"file {path}\n" for path in paths if "\n" not in path))
+
     def close(self, timeout: float = 15.0) -> None:
         """The cluster was stopped: the watchdog ends what is left of it and exits."""
         if self._proc is None:
@@ -155,6 +162,7 @@ class Watched:
     def __init__(self) -> None:
         self.known: dict[tuple[int, float], psutil.Process] = {}
         self.groups: dict[int, float] = {}  # process group id -> its leader's start time
+        self.files: list[str] = []  # removed once the processes are gone
 
     def add(self, proc: psutil.Process) -> None:
         try:
@@ -242,6 +250,14 @@ def _remove_kernel_temp(tmp: str) -> None:
     cleanup_stale()
 
 
+def _remove_files(paths: list[str]) -> None:
+    for path in paths:
+        try:
+            os.remove(path)
+        except OSError:  # gone already, or not a file: nothing to do
+            pass
+
+
 def _report(text: str) -> None:
     try:
         sys.stderr.write(f"phalanx: {text}\n")
@@ -275,10 +291,13 @@ def _kernel_exit_fd(pid: int) -> int | None:
 
 def _obey(lines: list[str], watched: Watched) -> bool:
     """Carry out the kernel's lines; False once it said ``stop``."""
-    for words in (line.split() for line in lines):
+    for line in lines:
+        words = line.split()
         if words == ["stop"]:
             return False
-        if len(words) == 3 and words[0] == "watch":
+        if len(words) > 1 and words[0] == "file":
+            watched.files.append(line.split(" ", 1)[1])
+        elif len(words) == 3 and words[0] == "watch":
             proc = _same(int(words[1]), float(words[2]))
             if proc is not None:
                 watched.add(proc)
@@ -317,6 +336,7 @@ def main(argv: list[str]) -> int:
         return 0
     _report(f"the kernel (pid {kernel_pid}) is gone; ended {ended} process(es) of its cluster")
     try:
+        _remove_files(watched.files)
         _remove_kernel_temp(tmp)
     except Exception as exc:  # the processes are gone; say what could not be cleaned
         _report(f"removing the kernel's temporary files failed: {exc!r}")

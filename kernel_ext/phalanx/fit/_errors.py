@@ -44,18 +44,33 @@ class VersionSkewError(RuntimeError):
     """Engines run other versions of key packages than the kernel."""
 
 
+def restart_advice(rank: int, slot: Any) -> str:
+    """The command that brings one rank back: the rank alone where its launcher can replace
+    one engine, else every engine (an MPI group starts and stops together).
+
+    Example::
+
+        >>> from types import SimpleNamespace
+        >>> restart_advice(1, SimpleNamespace(restarts_alone=True))
+        '%cluster restart 1'
+    """
+    if getattr(slot, "restarts_alone", True):
+        return f"%cluster restart {rank}"
+    return "%cluster restart (its launcher restarts the engines together)"
+
+
 def describe_failure(rank: int, result: RankResult, slot: Any) -> str:
     """One paragraph for one failed rank."""
     where = f"rank {rank} (engine {slot.engine_id} on host {slot.host}, pid {slot.pid})"
     steps = result.steps
     if result.stalled:
-        return _describe_stall(where, rank, result)
+        return _describe_stall(where, rank, result, slot)
     if result.outcome is Outcome.DIED:
         code = result.exit_code
         hint = _death_hint(result, slot)
         return (f"{where} died during the run after step {steps}"
                 + (f" ({hint})" if hint else f" (exit code {code})" if code is not None else "")
-                + f". Bring it back with %cluster restart {rank}.")
+                + f". Bring it back with {restart_advice(rank, slot)}.")
     if result.outcome is Outcome.UNRESPONSIVE:
         grace = result.grace_s if result.grace_s is not None else 10
         text = (f"{where} stopped answering: it did not come back within "
@@ -63,7 +78,7 @@ def describe_failure(rank: int, result: RankResult, slot: Any) -> str:
         if result.restart_error:
             return text + (f"phalanx tried to restart its engine, which failed: "
                            f"{result.restart_error}. Its last reported step was {steps}; bring "
-                           f"it back with %cluster restart {rank}.")
+                           f"it back with {restart_advice(rank, slot)}.")
         return text + f"its engine was restarted; its last reported step was {steps}."
     if result.outcome is Outcome.INTERRUPTED:
         return f"{where} was stopped at step {steps}."
@@ -104,23 +119,23 @@ def engine_fault(rank: int, slot: Any, exc: BaseException, what: str,
     if died:
         code = f" (exit code {slot.exit_code})" if slot.exit_code is not None else ""
         text = (f"{where} died while {what}{code}; nothing ran. Bring it back with "
-                f"%cluster restart {rank}.")
+                f"{restart_advice(rank, slot)}.")
     else:
         text = f"{where} failed while {what}: {cause_of(exc)}"
     return DistributedFitError(text, "failed", rank, {rank: result})
 
 
-def _describe_stall(where: str, rank: int, result: RankResult) -> str:
+def _describe_stall(where: str, rank: int, result: RankResult, slot: Any) -> str:
     text = (f"{where} stalled: the other ranks waited {result.waited_s or 0:g} s "
             f"(--collective-timeout) for it in a collective; its last step was {result.steps}.")
     if result.stopped:
         return (text + " Its process was stopped (SIGSTOP), which no interrupt reaches and the "
-                f"controller stops tracking, so phalanx ended it: %cluster restart {rank} brings "
-                "it back.")
+                f"controller stops tracking, so phalanx ended it: {restart_advice(rank, slot)} "
+                "brings it back.")
     if result.outcome is Outcome.UNRESPONSIVE and result.restart_error:
         return text + (" It did not answer an interrupt either, and restarting its engine "
-                       f"failed: {result.restart_error}. Bring it back with %cluster restart "
-                       f"{rank}.")
+                       f"failed: {result.restart_error}. Bring it back with "
+                       f"{restart_advice(rank, slot)}.")
     if result.outcome is Outcome.UNRESPONSIVE:
         return text + " It did not answer an interrupt either, so its engine was restarted."
     return text + " It was interrupted here:\n" + _indent(result)
@@ -181,5 +196,5 @@ def failure(status: str, results: Mapping[int, RankResult], slots: list, opts: A
         cause = peer.restart_error if peer is not None else None
         if cause:
             text += (f"\nRank {other} did not stop either, and restarting its engine failed: "
-                     f"{cause}. Bring it back with %cluster restart {other}.")
+                     f"{cause}. Bring it back with {restart_advice(other, slots[other])}.")
     return DistributedFitError(text, status, rank, results)

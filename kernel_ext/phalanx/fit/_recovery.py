@@ -22,7 +22,7 @@ from ..runtime import Outcome, RankResult, ResumePlan, held_commits
 from ._checkpoints import Lineage, plan_resume
 from ._dispatch import Prepared, prepare
 from ._engine_calls import call_each
-from ._errors import DistributedFitError, cause_of
+from ._errors import DistributedFitError, cause_of, restart_advice
 from ._options import FitOptions, FitUsageError
 from ._rendezvous import Rendezvous
 from ._tracker import RunTracker
@@ -155,7 +155,7 @@ class Recovery:
                 raise DistributedFitError(
                     f"{error.args[0]}\nphalanx tried to restart rank {rank}'s engine "
                     f"(--max-restarts), which failed: {cause_of(exc)}. Bring it back with "
-                    f"%cluster restart {rank}.", "failed", error.rank, results) from None
+                    f"{restart_advice(rank, slots[rank])}.", "failed", error.rank, results) from None
         job.changes.append({"kind": "restart", "attempt": attempt, "ranks": ranks, "t": time.time(),
                             "error": failing.error, "step": failing.steps})
         slots = self._slots_for(job.opts)

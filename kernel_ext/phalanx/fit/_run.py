@@ -26,7 +26,7 @@ from ._control import RunControl
 from ._dispatch import Prepared, choose_backend, prepare
 from ._engine_cache import EngineSetCache
 from ._engine_calls import Undelivered, call_each, dispatch
-from ._errors import DistributedFitError, failure
+from ._errors import DistributedFitError, failure, restart_advice
 from ._manifest import build_manifest, check_versions, engine_versions
 from ._options import FitOptions, FitUsageError
 from ._profile import ProfileReport
@@ -222,8 +222,10 @@ class FitRunner:
         slots = slots[:world]
         dead = [r for r, s in enumerate(slots) if s.state != "idle"]  # dead, or being replaced
         if dead:
+            alone = getattr(slots[dead[0]], "restarts_alone", True)
             raise FitUsageError(f"rank(s) {', '.join(map(str, dead))} are dead: bring them back "
-                                f"with %cluster restart {dead[0]} (or %cluster restart for all)")
+                                f"with {restart_advice(dead[0], slots[dead[0]])}"
+                                + (" (or %cluster restart for all)" if alone else ""))
         return slots
 
     def _engine_versions(self, slots: list) -> list[dict]:
