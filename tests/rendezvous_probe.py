@@ -2,8 +2,10 @@
 
 Run in a network namespace that holds no engine (``test_reliability_outsider.py``) as
 ``python rendezvous_probe.py '<json>'`` with ``{"ip", "ports", "store_port", "metric_port",
-"server_public", "flag"}``.  It knows what anyone on the network could learn (addresses, ports,
-a CURVE server's public key) and none of the cluster's secrets.  Per port it reports the bytes a
+"server_public", "metric_public", "flag"}``.  It knows what anyone on the network could learn
+(addresses, ports, a CURVE server's public key) and none of the cluster's secrets - except that
+for the metric stream it is even handed the run id and the token (one JSON line on stdin, once the
+run is on), as if the token had leaked: without the client key its batches still get nowhere.  Per port it reports the bytes a
 raw TCP client heard and the messages ZeroMQ clients without the cluster's keys received; for the
 rendezvous what torch's ``TCPStore`` client and a CURVE client with its own key managed.  Last it
 creates ``flag`` (the run it probed during then ends) and prints one JSON line.
@@ -106,18 +108,25 @@ def curve_attempts(ip: str, port: int, server_public: str) -> dict:
     return out
 
 
-def forge_metrics(ip: str, port: int) -> int:
-    """Push metric batches without the receiver's token (they must be dropped)."""
+def forge_metrics(ip: str, port: int, metric_public: str, run: str, token: str) -> int:
+    """Push well-formed metric batches for ``run`` - no token, a guess, the real token - from a
+    plain ZeroMQ client and from a CURVE client with its own key; the peers that tried (each
+    must be refused at the handshake, its batches never read)."""
+    own_public, own_secret = zmq.curve_keypair()
+    peers = {"plain": None, "curve": (metric_public.encode(), own_public, own_secret)}
     ctx = zmq.Context()
-    push = ctx.socket(zmq.PUSH)
-    push.setsockopt(zmq.LINGER, 2000)
-    push.connect(f"tcp://{ip}:{port}")
-    for token in ("", "guess"):
-        push.send_json({"run": "any", "token": token, "rank": 99, "step": 99, "final": False,
-                        "rows": [[99, 0.0, {"forged": 1.0}]], "warnings": []})
-    push.close()
+    for keys in peers.values():
+        push = ctx.socket(zmq.PUSH)
+        push.setsockopt(zmq.LINGER, 2000)
+        if keys is not None:
+            push.curve_serverkey, push.curve_publickey, push.curve_secretkey = keys
+        push.connect(f"tcp://{ip}:{port}")
+        for guess in ("", "guess", token):
+            push.send_json({"run": run, "token": guess, "rank": 99, "step": 99, "final": False,
+                            "rows": [[99, 0.0, {"forged": 1.0}]], "warnings": []})
+        push.close()
     ctx.term()
-    return 2
+    return len(peers)
 
 
 def main(args: dict) -> dict:
@@ -127,7 +136,9 @@ def main(args: dict) -> dict:
         zmq_got = {p: pool.submit(zmq_messages, ip, p) for p in ports}
         store = pool.submit(tcpstore_attempts, ip, args["store_port"])
         curve = pool.submit(curve_attempts, ip, args["store_port"], args["server_public"])
-        forged = forge_metrics(ip, args["metric_port"])
+        leaked = json.loads(sys.stdin.readline())  # the running run's id and the token
+        forged = forge_metrics(ip, args["metric_port"], args["metric_public"], leaked["run"],
+                               leaked["token"])
         report = {"raw": {p: f.result() for p, f in raw.items()},
                   "zmq": {p: f.result() for p, f in zmq_got.items()},
                   "tcpstore": store.result(), "curve": curve.result(), "forged": forged}

@@ -5,8 +5,10 @@ kernel at 10.213.0.1, an engine here and one in ``phx-a`` - a real 2-host run - 
 holds no engine and plays a stranger on the same LAN.  During the run the stranger tries the
 rendezvous (torch's ``TCPStore`` client, a CURVE client with its own key, raw TCP, ZeroMQ
 without keys) and every other port the kernel and its controller listen on, and pushes metric
-batches without the token.  It must get nothing: no answer, no key, no value, nothing written;
-the run is unharmed.  (The engines' gloo ports are not probed: gloo, like every torch.distributed
+batches for the running run with plain ZeroMQ and with a CURVE key of its own - even with the
+real token, handed over by the test as if it had leaked.  It must get nothing: no answer, no key,
+no value, nothing written, no row in the run's history (the metric port admits only its own
+client key); the run is unharmed and its own rows arrive.  (The engines' gloo ports are not probed: gloo, like every torch.distributed
 deployment, trusts its network - see the README.)
 """
 
@@ -16,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import psutil
@@ -79,8 +82,11 @@ def test_a_stranger_on_the_network_gets_nothing_from_the_kernel(namespaces, tmp_
         assert server is not None and server.bind_ip == KERNEL_IP
         ports = _kernel_listeners(session)
         assert server.port in ports and int(receiver.address.rsplit(":", 1)[1]) in ports
-        flag, dropped, keys = str(tmp_path / "stranger-done"), receiver.dropped, set(server.keys())
+        flag, refused, keys = str(tmp_path / "stranger-done"), receiver.refused, set(server.keys())
+        assert receiver.curve and len(receiver.keys) == 3  # across hosts: the stream is CURVE
         probe = _start_probe(ports, server, receiver, flag)
+        threading.Thread(target=_leak_run_and_token, args=(session, probe, receiver.token),
+                         daemon=True).start()
         session.distributed_fit(UNTIL_FLAG.format(flag=flag),
                                 FitOptions.build(returns="total", widget=False), ns)
         stdout, stderr = probe.communicate(timeout=120)
@@ -89,11 +95,13 @@ def test_a_stranger_on_the_network_gets_nothing_from_the_kernel(namespaces, tmp_
         figures["47_stranger_ports_probed"] = len(report["raw"])
         figures["47_stranger_most_bytes_heard"] = max(len(h) // 2 for h in report["raw"].values())
         assert ns["total"] == 3.0 and session.last_run().status == "done"  # the run is unharmed
-        _check_got_nothing(report, server, ports)
+        _check_got_nothing(report, server, receiver, ports)
         assert not {k for k in server.keys() if "outsider" in k}, "the stranger wrote a key"
         assert set(server.keys()) >= keys
-        _wait(lambda: receiver.dropped >= dropped + report["forged"], "forged batches dropped")
-        assert not [r for r in session.last_run().history.rows() if r["rank"] == 99]
+        _wait(lambda: receiver.refused >= refused + report["forged"], "forging peers refused")
+        rows = session.last_run().history.rows()
+        assert not [r for r in rows if r["rank"] == 99], "a forged batch reached the run"
+        assert {r["rank"] for r in rows} == {0, 1}  # the real rows arrived, from both hosts
         session.distributed_fit(BODY, FitOptions.build(returns="total", widget=False), ns)
         assert ns["total"] == 3.0  # the warm group still works after the probing
         store_port = server.port
@@ -115,14 +123,29 @@ def test_a_stranger_on_the_network_gets_nothing_from_the_kernel(namespaces, tmp_
 def _start_probe(ports: list[int], server, receiver, flag: str) -> subprocess.Popen:
     args = {"ip": KERNEL_IP, "ports": ports, "store_port": server.port, "flag": flag,
             "metric_port": int(receiver.address.rsplit(":", 1)[1]),
-            "server_public": server.server_public}  # public: assume the stranger has it
+            # public keys: assume the stranger has them
+            "server_public": server.server_public, "metric_public": receiver.keys[0]}
     return subprocess.Popen(["ip", "netns", "exec", OUTSIDER_NS, sys.executable, PROBE,
-                             json.dumps(args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                             json.dumps(args)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
 
 
-def _check_got_nothing(report: dict, server, ports: list[int]) -> None:
-    secrets = [server.spec()[5].encode(), server.client_public.encode(), b"rank", b"phx-"]
+def _leak_run_and_token(session, probe: subprocess.Popen, token: str) -> None:
+    """Hand the stranger the running run's id and the token, once the run is on."""
+    deadline = time.monotonic() + 60
+    while session.fits.active is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    run = session.fits.active.run_id if session.fits.active is not None else "none"
+    try:
+        probe.stdin.write(json.dumps({"run": run, "token": token}) + "\n")
+        probe.stdin.flush()
+    except OSError:
+        pass  # the probe already ended: its report says why
+
+
+def _check_got_nothing(report: dict, server, receiver, ports: list[int]) -> None:
+    secrets = [server.spec()[5].encode(), server.client_public.encode(), b"rank", b"phx-",
+               receiver.token.encode(), receiver.keys[2].encode()]
     for port in ports:
         heard = bytes.fromhex(report["raw"][str(port)])
         # at most a ZeroMQ greeting (64 bytes: signature, version, mechanism), never data

@@ -11,7 +11,8 @@ A :class:`Rendezvous` holds what the kernel opens for the engines of a run and k
   neither list, read nor write the group's addresses.  The keys reach the engines inside each
   run's ``GroupSpec``, over ipyparallel's authenticated channel;
 - the :class:`~._receiver.MetricsReceiver` the ranks stream their metrics to: on loopback for
-  local engines, else on that same address.
+  local engines (plain, token-checked), else on that same address over CurveZMQ like the store,
+  admitting only its own client key (its keys travel in each run's ``RunSpec``).
 
 Example::
 

@@ -256,6 +256,7 @@ class FitRunner:
                                         hosts=tuple(s.host for s in slots),
                                         pids=tuple(s.pid for s in slots)),
                         metrics_address=receiver.address, metrics_token=receiver.token,
+                        metrics_keys=receiver.keys,
                         # a notebook strategy travels as the name of its shipped class
                         train=dataclasses.replace(opts.train, sync=prepared.strategy)
                         if prepared.strategy else opts.train,

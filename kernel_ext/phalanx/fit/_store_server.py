@@ -3,7 +3,8 @@
 torch's ``TCPStore`` answers anyone who connects: a peer on the network could list the keys,
 read the group's addresses and overwrite them.  This server keeps the same data but speaks
 CurveZMQ: traffic is encrypted, and the handshake completes only for the one client key made
-for this server (a ZAP handler in the server's own thread checks it).  A peer without that key
+for this server (a ZAP handler in the server's own thread checks it: ``runtime/_curve.py``, which
+the metric receiver shares).  A peer without that key
 gets no answer at all: its handshake is refused before any request is read.
 
 The engines reach it with :class:`~phalanx.runtime._store_client.CurveStore`; the client key
@@ -20,7 +21,6 @@ Example::
 
 from __future__ import annotations
 
-import hmac
 import itertools
 import logging
 import threading
@@ -28,14 +28,13 @@ import time
 from dataclasses import dataclass
 
 import zmq
-from zmq.utils import z85
 
+from ..runtime._curve import CurveKeys, ZapGate, bind_server, require_curve
 from ..runtime._store_wire import (BLOCKING, MAX_MESSAGE_BYTES, Request, WireError,
                                    decode_request, encode_reply)
 
 log = logging.getLogger("phalanx")
 
-ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # where libzmq asks who may connect (RFC 27)
 MAX_PARKED = 10_000                        # blocking requests held at once; more are told "pending"
 _wake_ids = itertools.count()
 
@@ -145,22 +144,18 @@ class StoreServer:
     """A :class:`StoreTable` served over CurveZMQ on ``bind_ip``, to one client key only."""
 
     def __init__(self, bind_ip: str) -> None:
-        if not zmq.has("curve"):
-            raise RuntimeError("this pyzmq's libzmq has no CURVE support, which the rendezvous "
-                               "across hosts needs to keep others out: install a pyzmq wheel")
-        server_public, server_secret = zmq.curve_keypair()
-        client_public, client_secret = zmq.curve_keypair()
+        require_curve("the rendezvous across hosts")
+        keys = CurveKeys.new()
         self.bind_ip = bind_ip
-        self.server_public, self.client_public = server_public.decode(), client_public.decode()
-        self._client_secret = client_secret.decode()
-        self._allowed = z85.decode(client_public)  # ZAP hands over the raw 32 bytes
+        self.server_public, self.client_public = keys.server_public, keys.client_public
+        self._client_secret = keys.client_secret
         self._table = StoreTable()
         self._table_lock = threading.Lock()  # the server thread's, and keys() from elsewhere
         # Its own context: a context has one ZAP endpoint, and this one must answer for this
         # server only (ipyparallel's client and the metric receiver use the shared instance).
         self._ctx: zmq.Context = zmq.Context(io_threads=1)
         try:
-            self.port = self._open_sockets(server_secret)
+            self.port = self._open_sockets(keys)
         except BaseException:
             self._ctx.destroy(linger=0)
             raise
@@ -179,12 +174,8 @@ class StoreServer:
         with self._table_lock:
             return list(self._table.data)
 
-    def _open_sockets(self, server_secret: bytes) -> int:
-        # The ZAP handler is bound before the server socket exists: with no handler, libzmq lets
-        # every CURVE client in, whatever its key.
-        self._zap = self._ctx.socket(zmq.REP)
-        self._zap.setsockopt(zmq.LINGER, 0)
-        self._zap.bind(ZAP_ENDPOINT)
+    def _open_sockets(self, keys: CurveKeys) -> int:
+        self._zap = ZapGate(self._ctx, keys.client_public)  # before the server socket: see ZapGate
         wake = f"inproc://phalanx-rendezvous-wake-{next(_wake_ids)}"
         self._wake_rx = self._ctx.socket(zmq.PAIR)
         self._wake_rx.bind(wake)
@@ -193,26 +184,19 @@ class StoreServer:
         sock = self._socket = self._ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
-        sock.curve_server = True
-        sock.curve_secretkey = server_secret
-        sock.setsockopt(zmq.ZAP_DOMAIN, b"phalanx")
-        host = self.bind_ip
-        if ":" in host:
-            sock.setsockopt(zmq.IPV6, 1)
-            host = f"[{host}]"
-        return sock.bind_to_random_port(f"tcp://{host}")
+        return bind_server(sock, keys, self.bind_ip)
 
     def _loop(self) -> None:
         poller = zmq.Poller()
-        for sock in (self._socket, self._zap, self._wake_rx):
+        for sock in (self._socket, self._zap.socket, self._wake_rx):
             poller.register(sock, zmq.POLLIN)
         while True:
             ready = dict(poller.poll(self._table.next_timeout_ms(time.monotonic())))
             if self._wake_rx in ready:
                 return
             try:
-                if self._zap in ready:
-                    self._answer_zap()
+                if self._zap.socket in ready:
+                    self._zap.answer()
                 with self._table_lock:
                     if self._socket in ready:
                         self._serve_waiting()
@@ -223,15 +207,6 @@ class StoreServer:
                 log.warning("phalanx: rendezvous server: %s", exc)
             except Exception:  # a bug must not leave every rank waiting on a dead server
                 log.exception("phalanx: rendezvous server failed on a request")
-
-    def _answer_zap(self) -> None:
-        """RFC 27: admit the CURVE handshake of this server's one client key, nothing else."""
-        frames = self._zap.recv_multipart()
-        request_id = frames[1] if len(frames) > 1 else b""
-        allowed = (len(frames) >= 7 and frames[0] == b"1.0" and frames[5] == b"CURVE"
-                   and hmac.compare_digest(frames[6], self._allowed))
-        status = [b"200", b"OK"] if allowed else [b"400", b"unknown key"]
-        self._zap.send_multipart([b"1.0", request_id, *status, b"", b""])
 
     def _serve_waiting(self) -> None:
         while self._socket.poll(0):

@@ -288,7 +288,7 @@ def _new_run(spec: RunSpec, group: Any, namespace: dict) -> RunContext:
 
     reset_cuda_peak()  # the run's peak, not the process's
     run.metrics = MetricsSender(spec.metrics_address, spec.run_id, spec.rank,
-                                spec.metrics_token, spec.memory_interval_s)
+                                spec.metrics_token, spec.memory_interval_s, spec.metrics_keys)
     run.collectives.clock = run.metrics.clock
     # The step's parts cost a few clock reads per step; PHALANX_STEP_PARTS=0 turns them off.
     run.metrics.clock.parts_enabled = os.environ.get("PHALANX_STEP_PARTS", "1") != "0"

@@ -6,7 +6,7 @@ flush (at the end of a cell, or when it fails) is synchronous and marked ``final
 knows it holds the complete history.
 
 The socket and the thread outlive the run: one of each per engine process (a socket per kernel
-address), the thread asleep between runs.  Starting and stopping them for every run cost about
+address and keys), the thread asleep between runs.  Starting and stopping them for every run cost about
 1.4 ms of a warm re-run's 10 ms on the engine (measured).
 
 Wire format (JSON): ``{"run", "rank", "rows": [[step, t, {name: value}]], "step", "warnings",
@@ -15,6 +15,16 @@ Wire format (JSON): ``{"run", "rank", "rows": [[step, t, {name: value}]], "step"
 batch, and ``"total"`` once, when a framework said how many optimizer steps the run will take
 (see ``_framework_logs.py``).  JSON rather than pickle: the kernel never unpickles what arrives
 on a socket.
+
+Across hosts the kernel's receiver is a CurveZMQ server: the run's spec brings its public key and
+the one client key pair it admits (``metrics_keys``), and the socket is a CURVE client with them
+(``_curve.py``), so the batches and their token cross the network encrypted.  On one host the
+keys are empty and the socket is plain (loopback: see ``fit/_receiver.py``).
+
+The socket never holds training up: the loop only appends, the flusher thread sends.  A kernel
+that is unreachable (or refuses the handshake) leaves batches queued on the socket, up to
+ZeroMQ's send high-water mark (1,000 batches, about 50 s of flushes); a closed socket gives
+what it still holds 2 s (LINGER) to go out, then drops it.
 """
 
 from __future__ import annotations
@@ -64,24 +74,33 @@ class _Flusher:
 
 
 _FLUSHER = _Flusher()
-_SOCKETS: dict[str, Any] = {}  # kernel address -> this engine's PUSH socket to it
+# (kernel address, CURVE keys or ()) -> this engine's PUSH socket to that receiver
+_SOCKETS: dict[tuple[str, tuple[str, ...]], Any] = {}
 _SOCKETS_LOCK = threading.Lock()
 
 
-def _socket_to(address: str) -> Any:
-    """This engine's PUSH socket to ``address``; one to an address no longer used is closed
-    (a kernel that adopted the cluster listens elsewhere)."""
+def _socket_to(address: str, keys: tuple[str, ...] = ()) -> Any:
+    """This engine's PUSH socket to ``address`` (a CURVE client when ``keys`` are given); one
+    to a receiver no longer used is closed (a kernel that adopted the cluster, or one whose
+    receiver moved to another network, listens elsewhere with other keys)."""
     import zmq
 
     with _SOCKETS_LOCK:
-        socket = _SOCKETS.get(address)
+        socket = _SOCKETS.get((address, keys))
         if socket is None:
             for old in _SOCKETS.values():
                 old.close()  # its LINGER lets what it still holds go out first
             _SOCKETS.clear()
-            socket = _SOCKETS[address] = zmq.Context.instance().socket(zmq.PUSH)
+            socket = zmq.Context.instance().socket(zmq.PUSH)
             socket.setsockopt(zmq.LINGER, 2000)
-            socket.connect(address)
+            if keys:
+                from ._curve import connect_client
+
+                server_public, client_public, client_secret = keys
+                connect_client(socket, address, (server_public, client_public, client_secret))
+            else:
+                socket.connect(address)
+            _SOCKETS[(address, keys)] = socket
         return socket
 
 
@@ -109,11 +128,11 @@ class MetricsSender:
     """Batch metric rows and step counts of one rank to the kernel."""
 
     def __init__(self, address: str, run_id: str, rank: int, token: str = "",
-                 memory_interval_s: float = 1.0) -> None:
+                 memory_interval_s: float = 1.0, keys: tuple[str, ...] = ()) -> None:
         from ._memory import MemoryTracker
         from ._timing import StepClock
 
-        self._socket = _socket_to(address)
+        self._socket = _socket_to(address, tuple(keys))
         self._run_id, self._rank, self._token = run_id, rank, token
         self._rows: list[list] = []
         self._warnings: list[str] = []

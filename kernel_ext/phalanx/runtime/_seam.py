@@ -69,6 +69,9 @@ class RunSpec:
     metrics_address: str               # where ``log()`` rows go
     train: TrainOptions = field(default_factory=TrainOptions)  # how every rank trains
     metrics_token: str = ""            # proves the rows come from this cluster's engines
+    # across hosts: (server public, client public, client secret) of the receiver's CurveZMQ;
+    # empty on one host (plain loopback)
+    metrics_keys: tuple[str, ...] = ()
     sync_from_notebook: bool = False   # ``train.sync`` names a shipped notebook class
     checkpoint: CheckpointSpec | None = None
     memory_interval_s: float = 1.0     # memory samples this often (0: off)

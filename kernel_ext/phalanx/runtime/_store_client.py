@@ -28,6 +28,7 @@ from typing import Any
 import torch.distributed as dist
 import zmq
 
+from ._curve import connect_client
 from ._store_wire import BLOCKING, WireError, decode_reply, encode_request
 
 # A blocking get/wait asks the server in slices this long, releasing the socket between them:
@@ -55,13 +56,8 @@ class CurveStore(dist.Store):
         host, port, server_public, client_public, client_secret = self._endpoint
         sock = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
-        sock.curve_serverkey = server_public.encode()
-        sock.curve_publickey = client_public.encode()
-        sock.curve_secretkey = client_secret.encode()
-        if ":" in host:
-            sock.setsockopt(zmq.IPV6, 1)
-            host = f"[{host}]"
-        sock.connect(f"tcp://{host}:{port}")
+        host = f"[{host}]" if ":" in host else host
+        connect_client(sock, f"tcp://{host}:{port}", (server_public, client_public, client_secret))
         return sock
 
     # -- the torch.distributed.Store interface ------------------------------------------------
