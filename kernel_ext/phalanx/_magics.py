@@ -24,7 +24,7 @@ from .fit._shipping import UndefinedNameError, notebook_names
 from .fit._suggest import did_you_mean, joined
 from .runtime import _options as T  # every training flag's default and choices
 
-CLUSTER_ACTIONS = ("start", "scale", "stop", "status", "restart")
+CLUSTER_ACTIONS = ("start", "scale", "stop", "status", "restart", "forget")
 
 # Errors that mean "this request cannot be done as asked": shown as one clear line (IPython
 # shows a UsageError without a traceback; phalanx's frames would only bury the message).
@@ -61,8 +61,10 @@ class PhalanxMagics(Magics):
 
     @magic_arguments()
     @argument("action", nargs="?", default=None,
-              help="start | scale N | stop | status | restart [RANK]; none shows the cluster")
-    @argument("value", nargs="?", default=None, help="engine count for scale, rank for restart")
+              help="start | scale N | stop | status | restart [RANK] | forget [NAMES]; none "
+                   "shows the cluster")
+    @argument("value", nargs="?", default=None,
+              help="engine count for scale, rank for restart, names for forget (a,b)")
     @argument("-n", type=int, default=None, help="engines to start (default: one per GPU, else 2)")
     @argument("--gpus", default="auto", help="auto | none | comma list of device indices")
     @argument("--launcher", default="local", help="local | mpi | ssh | slurm | pbs | lsf")
@@ -100,6 +102,14 @@ class PhalanxMagics(Magics):
             _display(cluster_view(session))
         elif action == "status":
             _display(_table(session.status()))
+            kept = session.fits.kept_description()
+            if kept:
+                print(f"kept on the engines (--keep): {kept}; %cluster forget NAMES releases them")
+        elif action == "forget":
+            names = None if args.value is None else [n.strip() for n in args.value.split(",")]
+            gone = session.forget(names)
+            print(f"released: {', '.join(gone)}" if gone else "nothing is kept on the engines"
+                  + ("" if names is None else f" under {', '.join(names)}"))
         elif action == "start":
             if session.running:
                 print(f"a cluster is already running with {session.size} engine(s); "
@@ -129,6 +139,9 @@ class PhalanxMagics(Magics):
     @argument("--backend", default="auto", help=" | ".join(T.BACKENDS))
     @argument("--shard", default=None, help="names split by rows across ranks, e.g. X,y")
     @argument("--return", dest="returns", default=None, help="names brought back from rank 0")
+    @argument("--keep", default=None,
+              help="names left live on the engines for the next cells (%%cluster forget "
+                   "releases them)")
     @argument("--seed", type=int, default=None, help="seeds random/numpy/torch as S+rank")
     @argument("--steps", type=int, default=None, help="expected optimizer steps (for progress)")
     @argument("--timeout", type=float, default=None, help="stop the run after SEC seconds")
@@ -174,6 +187,7 @@ class PhalanxMagics(Magics):
         try:
             opts = FitOptions.build(n=args.n, sync=args.sync, every=args.every, alpha=args.alpha,
                                     backend=args.backend, shard=args.shard, returns=args.returns,
+                                    keep=args.keep,
                                     seed=args.seed, steps=args.steps, timeout=args.timeout,
                                     collective_timeout=args.collective_timeout, name=args.name,
                                     widget=not args.no_widget,

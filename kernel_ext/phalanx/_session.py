@@ -176,6 +176,12 @@ class Session(RunHistoryQueries):
         self.fits.release_listeners()
         return stopped
 
+    def forget(self, names: list[str] | None = None) -> tuple[str, ...]:
+        """Release objects ``--keep`` left live on the engines (``%cluster forget NAMES``; all
+        with None); returns the names released."""
+        self._refuse_during_run("release kept objects")
+        return self.fits.forget(names)
+
     def status(self) -> EngineStatus:
         """The engines now (``%cluster status``); during a run, with its steps and the engines'
         own memory figures."""
@@ -240,7 +246,8 @@ class Session(RunHistoryQueries):
         from .fit._precheck import check_cell
         from .fit._reproduce import cell_hash, warn_if_world_differs
 
-        check_cell(body, opts, user_ns)  # a typo is said before "no cluster" and long runs
+        # a typo is said before "no cluster" and long runs; kept names are live on the engines
+        check_cell(body, opts, user_ns, self.fits.kept.names_for(self.fits.kept.engines))
         self._verbs.acquire()  # held until the run is the active one (or failed to start)
         held = [True]
 

@@ -29,6 +29,7 @@ class Prepared:
     data_manifest: dict[str, dict] = field(default_factory=dict)
     strategy: str | None = None   # the shipped notebook name --sync refers to, if it is one
     memos: dict[str, dict] = field(default_factory=dict)  # what each name's pickle holds
+    kept: tuple[str, ...] = ()    # names the engines keep live (--keep): not shipped
 
 
 def describe(value: Any) -> dict:
@@ -43,11 +44,14 @@ def describe(value: Any) -> dict:
     return info
 
 
-def prepare(body: str, opts: FitOptions, user_ns: Mapping[str, Any], world_size: int) -> Prepared:
-    """Resolve, check, shard and pickle what the cell needs."""
+def prepare(body: str, opts: FitOptions, user_ns: Mapping[str, Any], world_size: int,
+            kept: tuple[str, ...] = ()) -> Prepared:
+    """Resolve, check, shard and pickle what the cell needs (not the ``kept`` names: the
+    engines hold them live, and they shadow the notebook's)."""
     check_defined("--shard", opts.train.shard, user_ns)
     strategy = notebook_strategy(opts.train.sync, user_ns)
-    shipped = resolve_names(body, user_ns, injected=set(INJECTED) | set(opts.train.shard))
+    shipped = resolve_names(body, user_ns,
+                            injected=set(INJECTED) | set(opts.train.shard) | set(kept))
     if strategy is not None:
         shipped[strategy] = user_ns[strategy]  # shipped like any notebook class, by value
     shards = {s: user_ns[s] for s in opts.train.shard}
@@ -55,7 +59,8 @@ def prepare(body: str, opts: FitOptions, user_ns: Mapping[str, Any], world_size:
     parts = {s: split_rows(s, v, world_size) for s, v in shards.items()}
     # One packer for all names, in the order the engines load them (sorted): what names share
     # in the notebook they share on the engines (see runtime/_graph_pickle)
-    packer = GraphPacker(user_ns, bound=set(shipped) | set(opts.train.shard) | set(INJECTED))
+    packer = GraphPacker(user_ns, bound=set(shipped) | set(opts.train.shard) | set(INJECTED)
+                         | set(kept))
     blobs = {name: pack(name, shipped[name], functools.partial(packer.pack, name))
              for name in sorted(shipped)}
     hashes = {name: content_hash(blob) for name, blob in blobs.items()}
@@ -68,7 +73,7 @@ def prepare(body: str, opts: FitOptions, user_ns: Mapping[str, Any], world_size:
     for s, value in shards.items():
         data[s] = {**describe(value), "hash": content_hash(*part_blobs[s]),
                    "sharded": True}
-    return Prepared(blobs, hashes, shard_blobs, data, strategy, packer.memos)
+    return Prepared(blobs, hashes, shard_blobs, data, strategy, packer.memos, kept)
 
 
 def choose_backend(opts: FitOptions, slots: list, launcher: str) -> str:

@@ -63,7 +63,8 @@ class FitOptions:
     @classmethod
     def build(cls, *, n: Any = None, sync: str = DEFAULT_SYNC, every: Any = DEFAULT_EVERY,
               alpha: Any = DEFAULT_ALPHA, backend: str = "auto", shard: str | None = None,
-              returns: str | None = None, seed: Any = None, steps: Any = None,
+              returns: str | None = None, keep: str | None = None, seed: Any = None,
+              steps: Any = None,
               timeout: Any = None, collective_timeout: Any = 60.0, name: str | None = None,
               widget: bool = True, checkpoint_every: Any = None, checkpoint_dir: str | None = None,
               resume: bool = False, max_restarts: Any = 0, uneven: str = DEFAULT_UNEVEN,
@@ -108,6 +109,7 @@ class FitOptions:
         train = TrainOptions(sync=sync, sync_params={"every": int(every), "alpha": float(alpha)},
                              seed=None if seed is None else int(seed),
                              shard=_names(shard, "--shard"), returns=_names(returns, "--return"),
+                             keep=_names(keep, "--keep"),
                              uneven=uneven, profile=None if profile is None else int(profile),
                              bucket_mb=float(bucket_mb), overlap=overlap, check_every=check_every)
         return cls(train=train, n=None if n is None else int(n), backend=backend,

@@ -31,7 +31,8 @@ from ._suggest import did_you_mean, joined
 _DYNAMIC = frozenset({"exec", "eval", "globals", "vars", "__import__"})
 
 
-def check_cell(body: str, opts: FitOptions, user_ns: Mapping[str, Any]) -> None:
+def check_cell(body: str, opts: FitOptions, user_ns: Mapping[str, Any],
+               kept: Iterable[str] = ()) -> None:
     """Refuse, naming it and the close names that exist, a ``--shard`` name, a ``--sync``
     class, a name the cell reads or a ``--return`` name that is defined nowhere; and a cell
     that is not Python, naming the line."""
@@ -44,15 +45,17 @@ def check_cell(body: str, opts: FitOptions, user_ns: Mapping[str, Any]) -> None:
         line = (exc.lineno or 0) + 1  # as the notebook numbers it: the magic's line is line 1
         raise FitUsageError(f"the cell is not valid Python (line {line}: {exc.msg})"
                             + (f": {text}" if text else "")) from None
-    injected = set(INJECTED) | set(opts.train.shard)
+    injected = set(INJECTED) | set(opts.train.shard) | set(kept)  # kept: live on the engines
     resolve_names(body, user_ns, injected=injected)
     check_returns(body, opts.train.returns, user_ns, injected)
+    check_returns(body, opts.train.keep, user_ns, injected, flag="--keep")
 
 
 def check_returns(body: str, returns: Iterable[str], user_ns: Mapping[str, Any],
-                  injected: Iterable[str] = ()) -> None:
-    """Each ``--return`` name is one the cell binds, a notebook name or an ``injected`` one
-    (``rank``, the shards): rank 0 has nothing else to bring back.
+                  injected: Iterable[str] = (), flag: str = "--return") -> None:
+    """Each ``--return`` (or ``--keep``: ``flag``) name is one the cell binds, a notebook name
+    or an ``injected`` one (``rank``, the shards, kept names): there is nothing else to bring
+    back or keep.
 
     A notebook name the cell does not read may still reach the engines (a shipped function's
     global: ``fit()`` training the notebook's ``model``), so only a name defined nowhere is
@@ -67,9 +70,11 @@ def check_returns(body: str, returns: Iterable[str], user_ns: Mapping[str, Any],
     for name in returns:
         if name not in binds and name not in user_ns and name not in injected:
             meant = did_you_mean(name, [*binds, *notebook_names(user_ns), *injected])
+            what = "rank 0 would have nothing to bring back" if flag == "--return" else \
+                "the engines would have nothing to keep"
             raise UndefinedNameError(joined(
-                f"--return {name!r}: the cell does not assign it and the notebook does not "
-                "define it, so rank 0 would have nothing to bring back", meant))
+                f"{flag} {name!r}: the cell does not assign it and the notebook does not "
+                f"define it, so {what}", meant))
 
 
 def _star_import(body: str) -> bool:

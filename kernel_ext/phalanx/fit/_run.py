@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import os
+import sys
 import time
 import uuid
 from typing import Any, Callable, Sequence
@@ -27,6 +29,7 @@ from ._dispatch import Prepared, choose_backend, prepare
 from ._engine_cache import EngineSetCache
 from ._engine_calls import Undelivered, call_each, dispatch
 from ._errors import DistributedFitError, failure, restart_advice
+from ._kept import KeptNames
 from ._manifest import build_manifest, check_versions, engine_versions
 from ._options import FitOptions, FitUsageError
 from ._profile import ProfileReport
@@ -35,6 +38,8 @@ from ._record import RunRecord
 from ._rendezvous import Rendezvous
 from ._tracker import RunTracker
 from ._waiter import Waiter
+
+log = logging.getLogger("phalanx")
 
 
 class FitRunner:
@@ -55,6 +60,7 @@ class FitRunner:
         self.last_memory: dict[int, dict] = {}   # the engines' last samples of the last run
         self.control = RunControl()  # stop requests and the wait loop's message pump
         self.memory_interval_s = 1.0  # engines sample their memory this often during a run (0: off)
+        self.kept = KeptNames()  # what --keep left live on the engines
 
     # --- public -----------------------------------------------------------------------------
 
@@ -65,7 +71,7 @@ class FitRunner:
                                 "wait for it or interrupt it first")
         self.control.begin()
         slots = self._slots_for(opts)
-        prepared = prepare(body, opts, user_ns, len(slots))
+        prepared = prepare(body, opts, user_ns, len(slots), self._kept_for(slots))
         backend = choose_backend(opts, slots, self.cluster.launcher)
         versions = self._engine_versions(slots)
         run_id = f"{self._id}-{next(self._counter)}"
@@ -111,6 +117,42 @@ class FitRunner:
         """What a resize asked for during the run waits for, in words (None: nothing waits)."""
         return self.recovery.pending_notice()
 
+    def forget(self, names: list[str] | None = None) -> tuple[str, ...]:
+        """Release kept objects (``%cluster forget NAMES``; all with None) on the engines that
+        hold them; returns the names released."""
+        gone = self.kept.forget(names)
+        if gone and self.cluster.running:
+            self._forget_on_engines(list(gone) if names is not None else None)
+        return gone
+
+    def kept_description(self) -> str:
+        """The names kept live on this cluster's engines, each with its memory ('' if none)."""
+        held = {s.slot_id for s in self.cluster.slots()} if self.cluster.running else set()
+        return self.kept.describe() if self.kept.engines and set(self.kept.engines) <= held else ""
+
+    def _kept_for(self, slots: list) -> tuple[str, ...]:
+        """The kept names a run on ``slots`` reads live; kept objects of another engine set
+        (a restart, a scale, -n) are released first, said in the cell."""
+        engines = _engine_set(slots)
+        stale = self.kept.stale_for(engines)
+        if stale:
+            self.kept.forget()
+            self._forget_on_engines(None)
+            print(f"phalanx: {', '.join(stale)} (--keep) released: they were kept by other "
+                  "engines than this run's (a restart, a scale or -n); the notebook's values "
+                  "are used where it has them", file=sys.stderr)
+        return self.kept.names_for(engines)
+
+    def _forget_on_engines(self, names: list[str] | None) -> None:
+        from ..runtime._kept import forget_kept
+
+        live = [s for s in self.cluster.slots() if s.state == "idle"]
+        try:
+            call_each(self.cluster, live, forget_kept, names, what="release kept objects",
+                      timeout=30.0)
+        except DistributedFitError as exc:  # an engine that went holds nothing any more
+            log.warning("phalanx: releasing kept objects: %s", exc)
+
     def release_listeners(self) -> None:
         """Close the sockets opened for the engines (metric stream, TCP rendezvous): a stopped
         cluster's network needs none, and the next run opens what its cluster needs."""
@@ -133,6 +175,8 @@ class FitRunner:
                 continue
             if status == "done":
                 warn_if_unused(job.lineage, results)
+                self.kept.record(_engine_set(slots), job.opts.train.keep,
+                                 [results[r].kept for r in range(len(slots))])
                 return self._record(job, slots, results, status, versions, prepared)
             error = failure(status, results, slots, job.opts, time.monotonic() - began,
                             _exact_steps(job.tracker, results))
@@ -261,8 +305,14 @@ class FitRunner:
                         train=dataclasses.replace(opts.train, sync=prepared.strategy)
                         if prepared.strategy else opts.train,
                         sync_from_notebook=prepared.strategy is not None, checkpoint=checkpoint,
+                        kept=prepared.kept,
                         memory_interval_s=self.memory_interval_s)
                 for r in range(len(slots))]
+
+
+def _engine_set(slots: list) -> tuple[str, ...]:
+    """The identity of a set of engines, by rank (slot ids: a restarted engine is a new slot)."""
+    return tuple(s.slot_id for s in slots)
 
 
 def _exact_steps(tracker: RunTracker, results: dict[int, RankResult]) -> dict[int, int]:

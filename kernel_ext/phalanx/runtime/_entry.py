@@ -26,6 +26,7 @@ from ._interrupts import InterruptGate
 from ._memory import collect_cuda_garbage
 from ._resume import StopForResize, make_checkpointer
 from ._fit_mode import fit_mode
+from ._kept import keep, put_kept
 from ._run_children import end_children_since
 from ._seam import CELL_FILENAME, Outcome, RankResult, RunSpec
 from ._state import RunContext, engine_state
@@ -82,6 +83,7 @@ def _run_cell(spec: RunSpec, shard_blobs: dict[str, bytes] | None, gate: Interru
     try:
         main, sent = _namespace(spec, shard_blobs)
         namespace = main.__dict__
+        put_kept(state, spec.kept, namespace)  # live objects of earlier runs (--keep)
         group = _ensure_group(state, spec)
         share_cores(group.spec.hosts, spec.rank)
         run = _new_run(spec, group, namespace)
@@ -103,8 +105,9 @@ def _run_cell(spec: RunSpec, shard_blobs: dict[str, bytes] | None, gate: Interru
         gate.close()  # no collective is left: an interrupt now could only lose the result
         _cleanup(run, hooks)
         hooks = None
+        kept = keep(state, spec.train.keep, namespace)
         payload = _returns(spec, namespace)
-        return RankResult(Outcome.OK, steps=run.progress, wall_s=time.time() - started,
+        return RankResult(Outcome.OK, kept=kept, steps=run.progress, wall_s=time.time() - started,
                           returns=_dump_returns(payload, sent) if payload is not None else None,
                           held=run.mode.held_bytes(namespace),
                           profile=profiler.result() if profiler is not None else None,

@@ -52,6 +52,7 @@ class TrainOptions:
     seed: int | None = None
     shard: tuple[str, ...] = ()           # names split by rows (--shard)
     returns: tuple[str, ...] = ()         # names rank 0 sends back (--return)
+    keep: tuple[str, ...] = ()            # names left live on the engines after the run (--keep)
     uneven: str = DEFAULT_UNEVEN          # what ranks that run out of rows early do
     profile: int | None = None            # record this many optimizer steps (--profile)
     bucket_mb: float = DEFAULT_BUCKET_MB  # gradient bucket size

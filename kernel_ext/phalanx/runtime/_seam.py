@@ -73,6 +73,7 @@ class RunSpec:
     # empty on one host (plain loopback)
     metrics_keys: tuple[str, ...] = ()
     sync_from_notebook: bool = False   # ``train.sync`` names a shipped notebook class
+    kept: tuple[str, ...] = ()         # names this engine keeps from earlier runs (``--keep``)
     checkpoint: CheckpointSpec | None = None
     memory_interval_s: float = 1.0     # memory samples this often (0: off)
 
@@ -119,6 +120,7 @@ class RankResult:
     last_commit: int | None = None     # the last step this rank committed
     steps_loop: bool | None = None     # whether the loop ran through ``steps()``
     returns: bytes | None = None       # rank 0's ``--return`` values, pickled
+    kept: dict | None = None           # ``--keep``: bytes of each name now kept on this rank
     held: dict | None = None           # this rank's bytes of parameters, gradients, optimizer
                                        # state at the end, as its fit mode counts them
     profile: dict | None = None        # the ``--profile`` trace of this rank

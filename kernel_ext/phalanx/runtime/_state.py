@@ -68,6 +68,7 @@ class EngineState:
         self.cache: dict[str, tuple[str, Any]] = {}   # shipped name -> (content hash, object)
         self.run: RunContext | None = None
         self.commits = CommitStore()    # in-memory checkpoints (survive between cells)
+        self.kept: dict[str, Any] = {}  # --keep: live objects the next cells find (see _kept)
 
 
 _STATE: EngineState | None = None
