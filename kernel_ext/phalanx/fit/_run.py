@@ -250,7 +250,7 @@ class FitRunner:
                 from ..runtime._graph_pickle import loads_returns
 
                 # the notebook's own objects, with their trained state (see _graph_pickle)
-                job.user_ns.update(loads_returns(blob, prepared.memos))
+                _bind_returns(job.user_ns, loads_returns(blob, prepared.memos))
         return record
 
     # --- preparation ------------------------------------------------------------------------
@@ -320,6 +320,24 @@ def _exact_steps(tracker: RunTracker, results: dict[int, RankResult]) -> dict[in
     for rank, res in results.items():  # the engines' own counts are exact
         steps[rank] = max(steps.get(rank, 0), res.steps)
     return steps
+
+def _bind_returns(user_ns: dict, values: dict) -> None:
+    """Put what rank 0 returned in the notebook.  A sharded model comes back as its full
+    state dict: loaded into the notebook's model of that name (its own object, as for any
+    returned model), or, where the notebook has none, bound as the state dict itself."""
+    from ..runtime._sharded import FullStateDict
+
+    for name, value in values.items():
+        if not isinstance(value, FullStateDict):
+            user_ns[name] = value
+        elif callable(getattr(user_ns.get(name), "load_state_dict", None)):
+            user_ns[name].load_state_dict(value.state)
+        else:
+            user_ns[name] = value.state
+            print(f"phalanx: --return {name}: the sharded model was built in the cell, so the "
+                  f"notebook gets its full state dict (load it with model.load_state_dict({name}))",
+                  file=sys.stderr)
+
 
 
 def _checkpoint_manifest(lineage: Lineage | None, results: dict[int, RankResult]) -> dict | None:

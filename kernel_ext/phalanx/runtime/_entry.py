@@ -25,7 +25,7 @@ from ._hooks import finish_uneven
 from ._interrupts import InterruptGate
 from ._memory import collect_cuda_garbage
 from ._resume import StopForResize, make_checkpointer
-from ._fit_mode import fit_mode
+from ._fit_mode import Replicated, mode_for
 from ._kept import keep, put_kept
 from ._run_children import end_children_since
 from ._seam import CELL_FILENAME, Outcome, RankResult, RunSpec
@@ -109,7 +109,7 @@ def _run_cell(spec: RunSpec, shard_blobs: dict[str, bytes] | None, gate: Interru
         payload = _returns(spec, namespace)
         return RankResult(Outcome.OK, kept=kept, steps=run.progress, wall_s=time.time() - started,
                           returns=_dump_returns(payload, sent) if payload is not None else None,
-                          held=run.mode.held_bytes(namespace),
+                          held=mode_for(namespace, spec.train.mode).held_bytes(namespace),
                           profile=profiler.result() if profiler is not None else None,
                           **_progress(run))
     except StopForResize as stop:  # every rank stops at the same commit: nothing to release
@@ -282,8 +282,7 @@ def _new_run(spec: RunSpec, group: Any, namespace: dict) -> RunContext:
     train = spec.train
     strategy = namespace[train.sync] if spec.sync_from_notebook else train.sync
     run = RunContext(run_id=spec.run_id, rank=spec.rank, world_size=spec.world_size,
-                     device=_device(spec), strategy_spec=strategy, train=train, spec=spec,
-                     mode=fit_mode(train.mode))
+                     device=_device(spec), strategy_spec=strategy, train=train, spec=spec)
     run.collectives = Collectives(group)
     run.bytes_at_start = run.collectives.bytes_sent
     run.join = JoinControl(run.collectives, train.uneven, _shard_rows(namespace, spec))
@@ -360,14 +359,18 @@ def _compile(body: str) -> Any:
 
 def _returns(spec: RunSpec, namespace: dict) -> dict | None:
     """What this rank sends back for ``--return`` (the run's fit mode knows whose copy)."""
-    return fit_mode(spec.train.mode).returned(spec.rank, namespace, spec.train.returns)
+    return mode_for(namespace, spec.train.mode).returned(spec.rank, namespace, spec.train.returns)
 
 
 def _returns_so_far(spec: RunSpec, namespace: dict, sent: Any) -> bytes | None:
-    """This rank's ``--return`` names as they are now (those the cell has defined), or None."""
-    names = [n for n in spec.train.returns if n in namespace]
+    """This rank's ``--return`` names as they are now (those the cell has defined), or None.
+    A sharded model is not among them: gathering it needs every rank, and the stop released
+    them (it stays on the engines with ``--keep``)."""
+    from ._sharded import is_sharded
+
+    names = [n for n in spec.train.returns if n in namespace and not is_sharded(namespace[n])]
     try:
-        payload = fit_mode(spec.train.mode).returned(spec.rank, namespace, names)
+        payload = Replicated().returned(spec.rank, namespace, names)
         return _dump_returns(payload, sent or {}) if payload else None
     except Exception as exc:  # the stop's own report matters more than a partial return
         log.warning("phalanx: --return after the stop failed: %s", exc)

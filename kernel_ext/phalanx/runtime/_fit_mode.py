@@ -10,9 +10,12 @@ instead of assuming each rank holds the full model:
 - memory figures: :meth:`FitMode.held_bytes` - this rank's share of parameters, gradients and
   optimizer state.
 
-Today there is one mode, :class:`Replicated` (every rank holds the whole model, and the ranks
-agree on it).  A sharded mode (FSDP2, each rank a part) implements the same methods: gathering
-for ``--return``, a distributed checkpoint for commits, resharding on resize.
+:class:`Replicated`: every rank holds the whole model, and the ranks agree on it.
+:class:`Sharded`: the cell holds a model FSDP2 sharded (``wrap(model, shard=True)`` or its own
+``fully_shard``): ``--return`` gathers it whole (every rank takes part), memory figures count each
+rank's shard.  Not yet: commits of a sharded model (torch's distributed checkpoint) and resizing
+one; both refuse with the way out instead of saving a rank's shard as if it were the model.
+:func:`mode_for` picks the mode of a run from what its cell holds.
 
 Example::
 
@@ -33,7 +36,7 @@ from typing import Any, Iterable
 
 from ._options import FIT_MODES
 
-__all__ = ["FitMode", "Replicated", "fit_mode"]
+__all__ = ["FitMode", "Replicated", "Sharded", "fit_mode", "mode_for"]
 
 
 class FitMode:
@@ -86,6 +89,9 @@ class Replicated(FitMode):
         return found
 
     def held_bytes(self, namespace: dict) -> dict[str, int]:
+        """Bytes of this rank's tensors (a sharded parameter's local shard only)."""
+        from ._kept import object_bytes
+
         torch = sys.modules.get("torch")
         held = {"parameters": 0, "gradients": 0, "optimizer_state": 0}
         if torch is None:
@@ -96,18 +102,62 @@ class Replicated(FitMode):
                 for p in value.parameters():
                     if id(p) not in seen:
                         seen.add(id(p))
-                        held["parameters"] += p.numel() * p.element_size()
-                        if p.grad is not None:
-                            held["gradients"] += p.grad.numel() * p.grad.element_size()
+                        held["parameters"] += object_bytes(p)
+                        held["gradients"] += object_bytes(p.grad) if p.grad is not None else 0
             elif isinstance(value, torch.optim.Optimizer):
-                for state in value.state.values():
-                    held["optimizer_state"] += sum(t.numel() * t.element_size()
-                                                   for t in state.values()
-                                                   if isinstance(t, torch.Tensor))
+                held["optimizer_state"] += object_bytes(value)
         return held
 
 
-_MODES: dict[str, type[FitMode]] = {"replicated": Replicated}
+class Sharded(Replicated):
+    """A model FSDP2 shards across the ranks: each holds a part; none holds the model."""
+
+    name = "sharded"
+    resizable = False  # resharding from a commit is not built yet
+
+    def returned(self, rank: int, namespace: dict, names: Iterable[str]) -> dict | None:
+        """Every rank gathers each sharded model it is asked for (in the same order: it is a
+        collective); rank 0 sends the full state dicts and the other names' values."""
+        from ._sharded import full_state_dict, is_sharded
+
+        out = {}
+        for name in names:
+            value = namespace.get(name)
+            if is_sharded(value):
+                out[name] = full_state_dict(value)
+            elif _is_optimizer_of_shards(value):
+                raise ValueError(f"--return {name}: an optimizer of a sharded model holds only "
+                                 f"this rank's part of its state; keep it on the engines with "
+                                 f"--keep {name} instead")
+            elif rank == 0:
+                out.update(super().returned(0, namespace, [name]) or {})
+        return out if rank == 0 and names else None
+
+    def checkpointed(self, namespace: dict) -> dict[str, Any]:
+        raise RuntimeError("--checkpoint-every/--resume do not save sharded models yet (a rank's "
+                           "state dict is only its shard); keep the model live between cells "
+                           "with --keep, or save it with torch.distributed.checkpoint in the cell")
+
+
+def _is_optimizer_of_shards(value: Any) -> bool:
+    from ._training_watch import is_dtensor
+
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.optim.Optimizer) and any(
+        is_dtensor(p) for group in value.param_groups for p in group["params"])
+
+
+def mode_for(namespace: dict, requested: str = "replicated") -> FitMode:
+    """The mode of a run whose cell holds ``namespace``: sharded as soon as it holds a module
+    FSDP2 sharded, whatever was asked; else ``requested``."""
+    from ._sharded import is_sharded
+
+    if any(is_sharded(v) for v in list(namespace.values())):
+        return Sharded()
+    return fit_mode(requested)
+
+
+_MODES: dict[str, type[FitMode]] = {"replicated": Replicated, "sharded": Sharded}
 assert set(_MODES) == set(FIT_MODES), "every mode named in _options has a class here"
 
 

@@ -258,8 +258,14 @@ def _strategy_hook(strategy, bucket):  # type: ignore[no-untyped-def]
     return future
 
 
-def wrap(obj: Any) -> Any:
+def wrap(obj: Any, shard: bool = False, **shard_options: Any) -> Any:
     """Full-speed data parallelism for ``obj`` under the cell's sync strategy.
+
+    ``shard=True`` shards a torch module across the ranks instead (FSDP2's ``fully_shard`` per
+    block, then the whole model; options ``reshard_after_forward``, ``mp_policy`` - a
+    ``MixedPrecisionPolicy`` or a dtype such as ``torch.bfloat16`` - and ``offload=True`` for
+    CPU offload): each rank holds a part of every parameter, for models larger than one device.
+    Build the optimizer after it (FSDP2 replaces the parameters).  See :mod:`._sharded`.
 
     A torch module becomes a DistributedDataParallel module (gradients averaged in buckets that
     overlap the backward pass); with a parameter-averaging strategy (localsgd, easgd, none) DDP
@@ -272,6 +278,10 @@ def wrap(obj: Any) -> Any:
         model = wrap(MLP().to(device))
     """
     run = current_run()
+    if shard:
+        from ._sharded import shard_model
+
+        return shard_model(obj, run.device, **shard_options)
     if is_incremental_estimator(obj):
         return patch_partial_fit(obj, run)
     import torch

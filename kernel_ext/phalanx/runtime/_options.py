@@ -26,7 +26,7 @@ STRATEGIES = ("allreduce", "localsgd", "easgd", "none")
 BACKENDS = ("auto", "nccl", "gloo", "mpi")
 UNEVEN = ("join", "error")      # ranks that run out of data early: answer the others, or fail
 OVERLAP = ("auto", "on", "off")  # gradient buckets averaged while backward runs (auto: across hosts)
-FIT_MODES = ("replicated",)     # how a model lives across the ranks (see _fit_mode)
+FIT_MODES = ("replicated", "sharded")  # how a model lives across the ranks (see _fit_mode)
 
 DEFAULT_SYNC = "allreduce"
 DEFAULT_EVERY = 1               # --every: steps between a strategy's synchronisations

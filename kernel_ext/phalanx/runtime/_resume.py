@@ -24,6 +24,7 @@ from typing import Any, Iterator
 
 from . import _checkpoint as ck
 from ._commits import Commit
+from ._fit_mode import mode_for
 from ._seam import CheckpointSpec
 from ._state import RunContext, engine_state
 
@@ -87,7 +88,8 @@ class Checkpointer:
         rng_all, stop = allgather_bytes(run.collectives, ck.capture_rng(), self.rank,
                                         self.world_size, flag=self._resize_requested())
         commit = Commit(completed, run.steps, self.world_size,
-                        ck.save_state(run.mode.checkpointed(run.namespace)), rng_all)
+                        ck.save_state(mode_for(run.namespace, run.train.mode)
+                                      .checkpointed(run.namespace)), rng_all)
         engine_state().commits.add(self.key, commit)
         if self.directory:
             ck.write_commit(self.directory, self.key, self.rank, commit)
@@ -119,7 +121,8 @@ class Checkpointer:
                                    "that commit; restart the run without --resume")
             from_peer = ck.from_bytes(received)
         state, rng, opt_steps = self._source(sources[self.rank], step, from_peer)
-        ck.load_state(run.mode.checkpointed(run.namespace), state, step)
+        ck.load_state(mode_for(run.namespace, run.train.mode).checkpointed(run.namespace),
+                      state, step)
         if rng is not None:
             ck.restore_rng(rng)
         run.steps = opt_steps

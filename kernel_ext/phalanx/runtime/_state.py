@@ -32,7 +32,6 @@ class RunContext:
     # How every rank trains, as the kernel sent it (the spec's own TrainOptions, not a copy)
     train: TrainOptions = field(default_factory=TrainOptions)
     spec: Any = None                    # the RunSpec this run was started from
-    mode: Any = None                    # FitMode: how the model lives across ranks (_fit_mode)
     steps: int = 0                      # optimizer steps (or partial_fit calls) so far
     passes: int = 0                     # backward passes whose gradients were averaged
     log_calls: int = 0
