@@ -176,7 +176,8 @@ def test_run_view_and_cluster_table_show_memory_from_the_events():
                                       "cuda_allocated_mb": 512.0, "cuda_reserved_mb": 1024.0,
                                       "cuda_peak_mb": 600.0}]))
     view.drain()
-    assert "RSS 2.00 GB" in view.progress.details[1].value and "3/10 steps" in view.progress.details[1].value
+    # The memory is behind the details toggle; the rank's line keeps to its steps and rate.
+    assert "RSS 2.00 GB" in view.progress.details[1].value and "3/10 steps" in view.progress.lines[1].value
     assert "GPU 512 MB / 1.00 GB reserved (peak 600 MB)" in view.progress.details[1].value
     assert "RSS" not in view.progress.details[0].value
     engines = [{"rank": r, "engine_id": r, "host": "h", "pid": None, "device": "cuda:0",

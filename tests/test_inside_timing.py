@@ -101,13 +101,22 @@ log(loop_s=time.perf_counter() - began)
 """
 
 
+def _scaled(parts: dict, by: float) -> dict:
+    return {k: v if k == "steps" else v * by for k, v in parts.items()}
+
+
 def test_step_parts_add_up_and_mark_the_slow_part():
-    t = CollectiveTimes(world_size=2)
+    # 5x the seconds of a short run: a slow mark needs SLOW_MIN_STEP_S of steps as evidence
+    t, short = CollectiveTimes(world_size=2), CollectiveTimes(world_size=2)
     slow = {"steps": 4, "forward_s": 1.0, "backward_s": 0.04, "collective_s": 0.04,
             "optimizer_s": 0.01, "log_s": 0.01, "other_s": 0.0}
     waiting = {**slow, "forward_s": 0.05, "collective_s": 1.0}
-    t.add(0, {"collectives": [[0, 1.0, 1.0]], "log_s": 0.01, "parts": waiting})
-    t.add(1, {"collectives": [[0, 1.96, 0.04]], "log_s": 0.01, "parts": slow})
+    short.add(0, {"collectives": [[0, 1.0, 1.0]], "log_s": 0.01, "parts": waiting})
+    short.add(1, {"collectives": [[0, 1.96, 0.04]], "log_s": 0.01, "parts": slow})
+    assert not any("slow" in v for v in short.totals().values())     # 1.1 s: no evidence yet
+    t.add(0, {"collectives": [[0, 5.0, 5.0]], "log_s": 0.05, "parts": _scaled(waiting, 5)})
+    t.add(1, {"collectives": [[0, 9.8, 0.2]], "log_s": 0.05, "parts": _scaled(slow, 5)})
+    slow = _scaled(slow, 5)
     totals = t.totals()
     for r in (0, 1):
         assert sum(totals[r]["parts"].values()) == pytest.approx(totals[r]["step_s"])
@@ -120,7 +129,10 @@ def test_step_parts_add_up_and_mark_the_slow_part():
 
 
 @pytest.mark.cluster
-def test_slow_data_rank_is_marked_data_and_its_peer_waits(two_engines, shell):
+def test_slow_data_rank_is_marked_data_and_its_peer_waits(two_engines, shell, monkeypatch):
+    # A 1.5 s run: below the evidence a slow mark needs in a notebook (SLOW_MIN_STEP_S), which
+    # protects short runs from start-up noise; this run's rank 1 is slow by construction.
+    monkeypatch.setattr("phalanx.fit._timing.SLOW_MIN_STEP_S", 1.0)
     captured = run_capturing_events(two_engines, shell, SLOW_DATA)
     record = two_engines.last_run()
     slow, waiter = record.timing[1], record.timing[0]
@@ -154,12 +166,12 @@ def test_slow_data_rank_is_marked_data_and_its_peer_waits(two_engines, shell):
 def test_run_view_draws_each_ranks_step_parts_as_a_stacked_bar():
     from phalanx.widgets._run_view import RunView
 
-    t = CollectiveTimes(world_size=2)
-    base = {"steps": 4, "backward_s": 0.04, "optimizer_s": 0.01, "log_s": 0.01, "other_s": 0.0}
-    t.add(0, {"collectives": [[0, 1.0, 1.0]], "log_s": 0.01,
-              "parts": {**base, "forward_s": 0.05, "collective_s": 1.0}})
-    t.add(1, {"collectives": [[0, 1.96, 0.04]], "log_s": 0.01,
-              "parts": {**base, "forward_s": 1.0, "collective_s": 0.04}})
+    t = CollectiveTimes(world_size=2)   # 5.5 s of steps: enough evidence for a slow mark
+    base = {"steps": 4, "backward_s": 0.2, "optimizer_s": 0.05, "log_s": 0.05, "other_s": 0.0}
+    t.add(0, {"collectives": [[0, 5.0, 5.0]], "log_s": 0.05,
+              "parts": {**base, "forward_s": 0.25, "collective_s": 5.0}})
+    t.add(1, {"collectives": [[0, 9.8, 0.2]], "log_s": 0.05,
+              "parts": {**base, "forward_s": 5.0, "collective_s": 0.2}})
     view = RunView("r1", "t-run", world_size=2, total_steps=None)
     view.handle(events.time_parts("r1", t.take_changed()))
     view.drain()

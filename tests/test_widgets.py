@@ -79,12 +79,25 @@ def test_progress_text_with_and_without_total():
     assert rank_text(rank_progress(0, 50, 200, 25.0, loss=0.5)) == \
         "50/200 steps · 25.0 steps/s · ETA 6 s · loss 0.5"
     assert rank_text(rank_progress(1, 7, straggler=True)) == "7 steps · – steps/s · straggler"
-    assert bar_range([rank_progress(0, 30), rank_progress(1, 40)]) == 40
+    # No total: nothing to fill a bar towards (the leader's full bar looked finished at once).
+    assert bar_range([rank_progress(0, 30), rank_progress(1, 40)]) is None
     assert bar_range([rank_progress(0, 30, 100)]) == 100
     summary = overall([rank_progress(0, 10, 20, 2.0), rank_progress(1, 4, 20, 1.0, straggler=True)])
     assert summary["step"] == 4 and summary["eta_s"] == 16.0 and summary["stragglers"] == [1]
     line = progress_line("run-1", [rank_progress(0, 10, 20, 2.0, loss=0.25)], 5.0)
     assert line.startswith("run-1 running 5 s") and "10/20 steps" in line and "loss 0.25" in line
+
+
+def test_a_total_the_loop_went_past_is_dropped_with_its_eta():
+    """--steps 240 on a loop of 260: "260/240 steps · ETA 0 s" said two wrong things."""
+    past = {**rank_progress(0, 260, 240, 25.0, loss=0.5), "eta_s": 0.0}
+    assert rank_text(past) == "260 steps · 25.0 steps/s · loss 0.5"
+    assert bar_range([past, rank_progress(1, 230, 240, 25.0)]) is None
+    o = overall([past, rank_progress(1, 230, 240, 25.0)])
+    assert o["total"] is None and o["eta_s"] is None
+    line = progress_line("run-1", [past], 10.0)
+    assert "260 steps" in line and "/240" not in line and "ETA" not in line
+    assert rank_text(rank_progress(0, 10, 240)) == "10/240 steps · – steps/s"   # no "ETA –"
 
 
 def test_text_progress_prints_a_throttled_line_and_a_final_one():

@@ -29,13 +29,16 @@ def test_run_view_follows_progress_and_streams_points():
     view.handle(progress_event("other", [rank_progress(0, 99), rank_progress(1, 99)]))
     view.drain()
     bars = view.progress.bars
-    assert [b.value for b in bars] == [10, 6] and bars[0].max == 10      # no total: leader is full
-    assert bars[1].bar_style == "warning" and "⚠" in view.progress.details[1].value
+    # No total: the counts are in the lines; no bar looks full (nor shows) until the run ends.
+    assert view.progress.counts == [10, 6] and [b.value for b in bars] == [0, 0]
+    assert bars[0].layout.display == "none"
+    assert bars[1].bar_style == "warning" and "⚠" in view.progress.lines[1].value
     assert "straggler(s): rank 1" in view.header.value
     view.handle(metrics_event("r-1", rows((0, 2, {"loss": 0.5, "acc": 0.7}))))
     view.handle(run_ended("r-1", "done", 2.0))
     view.finish(fake_record("r-1", steps={0: 12, 1: 12}))
     assert [b.value for b in bars] == [12, 12] and {b.bar_style for b in bars} == {"success"}
+    assert bars[0].layout.display == ""                                   # shown at the end
     assert view.plot.metrics == ["loss", "acc"]
     assert view.plot.points("loss", 0) == 2 and view.plot.points("loss", MEAN) == 2
     assert view.plot.lines[("acc", MEAN)].values() == [0.7]
@@ -140,7 +143,7 @@ def test_run_view_follows_an_elastic_run_that_grows_and_shrinks():
                                           (2, 2, {"loss": 3.0}))))
     view.handle(progress_event("r-1", [rank_progress(r, 12) for r in range(3)]))
     view.drain()
-    assert [b.value for b in view.progress.bars] == [12, 12, 12]
+    assert view.progress.counts == [12, 12, 12]
     assert "3 rank(s)" in view.header.value
     assert view.plot.points("loss", 2) == 1 and view.plot.lines[("loss", MEAN)].values() == [1.5, 2.0]
     legend = view.plot.panels["loss"].figures[0].legend[0]
@@ -148,7 +151,7 @@ def test_run_view_follows_an_elastic_run_that_grows_and_shrinks():
     # Shrunk back to 2: rank 2's row is hidden, not left showing a stale count.
     view.handle(progress_event("r-1", [rank_progress(r, 20) for r in range(2)]))
     view.drain()
-    rows_shown = [row.layout.display for row in view.progress.widget.children]
+    rows_shown = [row.layout.display for row in view.progress.rows.children]
     assert rows_shown == ["", "", "none"] and "2 rank(s)" in view.header.value
 
 
@@ -192,17 +195,17 @@ def test_a_plot_not_built_ahead_appears_once_the_run_has_trained_a_while():
 
     clock = FakeClock()
     view = RunView("r-4", "run-4", world_size=2, total_steps=None, clock=clock, plot_ahead=False)
-    assert view.plot is None and "waiting for the first" in view.widget.children[-1].value
+    assert view.plot is None and view.widget.children[-1].value == ""   # no hint at the start
     view.handle(metrics_event("r-4", rows((0, 1, {"loss": 1.0}), (1, 1, {"loss": 3.0}))))
     view.handle(progress_event("r-4", [rank_progress(0, 1), rank_progress(1, 1)]))
-    assert view.plot is None and view.progress.bars[0].value == 1     # progress shows at once
+    assert view.plot is None and view.progress.counts[0] == 1         # progress shows at once
     clock.now = PLOT_AFTER_S + 1
     view.handle(metrics_event("r-4", rows((0, 2, {"loss": 0.5}), (1, 2, {"loss": 1.5}))))
     view.handle(progress_event("r-4", [rank_progress(0, 2), rank_progress(1, 2)]))
     assert view.plot is not None and view.widget.children[-1] is view.plot.model
     clock.now += 0.2  # building the plot (~0.25 s of CPU) does not hold the next updates back
     view.handle(progress_event("r-4", [rank_progress(0, 3), rank_progress(1, 3)]))
-    assert view.progress.bars[0].value == 3
+    assert view.progress.counts[0] == 3
     view.finish(fake_record("r-4", steps={0: 3, 1: 3}))
     assert view.plot.lines[("loss", MEAN)].values() == [2.0, 1.0]
 
@@ -230,7 +233,7 @@ def test_a_plot_built_during_the_run_is_built_where_the_view_asks_once():
         view.handle(metrics_event("r-11", rows((0, step, {"loss": 1.0 / step}))))
         view.handle(progress_event("r-11", [rank_progress(0, step)]))
         clock.now += 1
-    assert view.plot is None and view.progress.bars[0].value == 3   # asked, not built here
+    assert view.plot is None and view.progress.counts[0] == 3       # asked, not built here
     control.pump()                                                    # the wait loop's next poll
     assert view.plot is not None and view.widget.children[-1] is view.plot.model
     assert view.plot.lines[("loss", MEAN)].values() == [1.0, 0.5, 1.0 / 3]
@@ -398,7 +401,7 @@ def test_the_counters_and_elapsed_time_move_every_second_while_the_chart_waits_i
             step = 1 + 10 * (second - 1) + tenth + 1
             view.handle(metrics_event("r-1", rows((0, step, {"loss": 1.0 / step}))))
             view.handle(progress_event("r-1", [rank_progress(0, step), rank_progress(1, step)]))
-        shown.append((view.progress.bars[0].value, view.header.value.split(" · ")[2]))
+        shown.append((view.progress.counts[0], view.header.value.split(" · ")[2]))
     assert [value for value, _ in shown] == [11, 21, 31, 41, 51]
     assert [elapsed for _, elapsed in shown] == ["1 s", "2 s", "3 s", "4 s", "5 s"]
     assert view.plot.points("loss", 0) == 1            # the chart waited for the budget

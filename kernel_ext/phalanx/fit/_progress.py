@@ -2,8 +2,10 @@
 
 Example::
 
-    >>> stragglers({0: 100, 1: 100, 2: 70})
+    >>> stragglers({0: 100, 1: 100, 2: 70}, trained_s=60.0)
     {2}
+    >>> stragglers({0: 100, 1: 100, 2: 70}, trained_s=1.0)   # too early to tell
+    set()
 """
 
 from __future__ import annotations
@@ -12,16 +14,25 @@ import statistics
 from collections import deque
 
 STRAGGLER_LAG = 0.20  # a rank more than 20% behind the median is marked
+# ... but only with evidence.  Ranks start their loops a few hundred ms apart and report their
+# counts in batches, so in a run's first seconds one rank is "20% behind" by chance alone (a
+# 0.8 s run marked its faster rank).  A mark needs this many seconds of steps ...
+STRAGGLER_MIN_S = 5.0
+# ... and a lag of at least this many steps: one batch in flight is one or two steps behind.
+STRAGGLER_MIN_LAG_STEPS = 3
 
 
-def stragglers(steps: dict[int, int]) -> set[int]:
-    """Ranks whose step count lags the median by more than :data:`STRAGGLER_LAG`."""
-    if len(steps) < 2:
+def stragglers(steps: dict[int, int], trained_s: float | None = None) -> set[int]:
+    """Ranks whose step count lags the median by more than :data:`STRAGGLER_LAG` and by
+    :data:`STRAGGLER_MIN_LAG_STEPS`, once the run has trained :data:`STRAGGLER_MIN_S`
+    (``trained_s``: seconds since its first step; ``None``: not yet)."""
+    if len(steps) < 2 or trained_s is None or trained_s < STRAGGLER_MIN_S:
         return set()
     median = statistics.median(steps.values())
     if median <= 0:
         return set()
-    return {r for r, s in steps.items() if s < (1 - STRAGGLER_LAG) * median}
+    return {r for r, s in steps.items()
+            if s < (1 - STRAGGLER_LAG) * median and median - s >= STRAGGLER_MIN_LAG_STEPS}
 
 
 class RateMeter:
@@ -44,7 +55,14 @@ class RateMeter:
 
 
 def eta_seconds(step: int, total: int | None, rate: float | None) -> float | None:
-    """Seconds left at the current rate, when a total is known."""
-    if total is None or not rate or rate <= 0:
+    """Seconds left at the current rate, when a total is known and the rank has not gone past
+    it (then the total is wrong, and "ETA 0 s" would be too).
+
+    Example::
+
+        >>> eta_seconds(50, 100, 10.0), eta_seconds(120, 100, 10.0)
+        (5.0, None)
+    """
+    if total is None or not rate or rate <= 0 or step > total:
         return None
-    return max(total - step, 0) / rate
+    return (total - step) / rate

@@ -18,11 +18,18 @@ Example::
 
 from __future__ import annotations
 
+import statistics
 import threading
 from typing import Any, Mapping
 
 from ._step_parts import step_breakdown, mark_slow
 
+# A rank is marked slow ("slow: data & forward 61%") only once the ranks have this many seconds
+# of steps behind them (the median rank's step time, summed).  Before that the parts are start-up
+# noise: the first collective's wait holds the other ranks' imports and the first batch's
+# shipping, and a 0.8 s run marked its faster rank slow for "moving bytes".  The margin itself
+# (how far above the others' work a slow rank's is) is _step_parts._SLOW_FACTOR.
+SLOW_MIN_STEP_S = 5.0
 _PARTS = ("collective_s", "collective_wait_s", "collective_move_s", "collectives", "log_s")
 
 
@@ -74,7 +81,9 @@ class CollectiveTimes:
             for rank, parts in self._steps.items():
                 out.setdefault(rank, dict.fromkeys(_PARTS, 0.0)).update(
                     step_breakdown(parts, out.get(rank, {})))
-        mark_slow(out)
+        timed = [t["step_s"] for t in out.values() if t.get("step_s")]
+        if timed and statistics.median(timed) >= SLOW_MIN_STEP_S:
+            mark_slow(out)
         return out
 
     def take_changed(self) -> list[dict] | None:

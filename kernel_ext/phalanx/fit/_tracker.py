@@ -54,6 +54,12 @@ class RunTracker:
         self.warnings: list[str] = []
         self.started = time.time()
         self._meters = {r: RateMeter() for r in range(world_size)}
+        # When the first step was counted (the publisher's clock): straggler marks wait for
+        # evidence, seconds of steps, not seconds of shipping and setting up.
+        self._first_step_at: float | None = None
+        # A rank went past ``total_steps``: the total (--steps is only a hint) is wrong, so the
+        # views show counts without "/total" and no ETA from then on.
+        self.total_exceeded = False
         self._emit = emit
         self._published = 0
         self._progress_sent = (-1, float("-inf"))  # (batches then, when) of the last progress
@@ -80,6 +86,8 @@ class RunTracker:
                                       message["timing"]["parts"])
         with self._lock:
             self.steps[rank] = max(self.steps.get(rank, 0), int(message.get("step", 0)))
+            if self._first_step_at is None and self.steps[rank] > 0:
+                self._first_step_at = _now()
             self._meters.setdefault(rank, RateMeter()).add(time.time(), self.steps[rank])
             self.warnings.extend(message.get("warnings", []))
             total = message.get("total")
@@ -123,9 +131,13 @@ class RunTracker:
         with self._lock:
             steps = dict(self.steps)
             rates = {r: m.rate() for r, m in self._meters.items()}
-        lagging = stragglers(steps)
-        return [{"rank": r, "step": s, "total": self.total_steps, "steps_per_s": rates.get(r),
-                 "eta_s": eta_seconds(s, self.total_steps, rates.get(r)),
+            first = self._first_step_at
+            if self.total_steps is not None and max(steps.values(), default=0) > self.total_steps:
+                self.total_exceeded = True
+            total = None if self.total_exceeded else self.total_steps
+        lagging = stragglers(steps, None if first is None else _now() - first)
+        return [{"rank": r, "step": s, "total": total, "steps_per_s": rates.get(r),
+                 "eta_s": eta_seconds(s, total, rates.get(r)),
                  "metrics": self.history.latest(r), "straggler": r in lagging}
                 for r, s in sorted(steps.items())]
 

@@ -79,8 +79,11 @@ class ClusterWidget:
         self._changing = False           # a change made elsewhere (%cluster, the lab panel) goes
         self._engines: list[dict] = list(session.status().rows) if session.running else []
         self._max = session.max_engines
-        self._steps: dict[int, int] = {}
-        self._running = 0
+        # Shown during a run (a --background one): its ranks are the rows with a step; they
+        # train, and stay "busy" until the run's end says otherwise.
+        self._steps: dict[int, int] = {int(r["rank"]): int(r["step"]) for r in self._engines
+                                       if r.get("step") is not None}
+        self._running = max(self._steps, default=-1) + 1
         self._memory: dict[int, dict] = {}   # the run's latest memory sample per rank
         self._lock = threading.RLock()
         self._thread: threading.Thread | None = None

@@ -38,8 +38,20 @@ class ClusterStatus:
 
     @classmethod
     def of(cls, status: EngineStatus) -> ClusterStatus:
-        """The table of what ``session.status()`` (or ``start_cluster``, ``scale``...) answered."""
-        return cls(status.rows, status.launcher)
+        """The table of what ``session.status()`` (or ``start_cluster``, ``scale``...) answered.
+
+        During a run the session gives each of the run's ranks its step; such a rank is
+        training, whatever its slot says: the cluster layer keeps a slot ``idle`` through a run
+        (it asks ipyparallel's queues, which a run's engines leave empty while they train).
+
+        Example::
+
+            >>> row = {"rank": 0, "engine_id": 0, "host": "h", "pid": 1, "device": "cpu",
+            ...        "state": "idle", "memory_mb": None, "step": 12}
+            >>> ClusterStatus.of(type("S", (), {"rows": [row], "launcher": "local"})).rows[0]["state"]
+            'busy'
+        """
+        return cls([training_state(row) for row in status.rows], status.launcher)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -68,6 +80,14 @@ class ClusterStatus:
                        for r in self.rows)
         return (f"<div><b>{len(self.rows)} engine(s)</b>, {self.launcher} launcher"
                 f"<table><tr>{head}</tr>{body}</table></div>")
+
+
+def training_state(row: Mapping[str, Any]) -> dict:
+    """``row`` with an ``idle`` state shown ``busy`` where it carries a step of the current run."""
+    out = dict(row)
+    if out.get("state") == "idle" and out.get("step") is not None:
+        out["state"] = "busy"
+    return out
 
 
 def local_memory_mb(pid: int | None, host: str | None) -> float | None:

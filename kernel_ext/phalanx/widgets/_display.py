@@ -10,6 +10,12 @@ itself.  A cell whose last run in this kernel was over within ``LIVE_AFTER_S`` s
 once its run has trained that long (its events so far are replayed to them); a re-run that is
 over sooner shows its summary alone, which holds what the finished view would have shown.
 
+Both the view and the summary are kept: the summary's picture is what GitHub, nbviewer and a
+notebook reopened without its kernel show (the widget then cannot be drawn, and JupyterLab falls
+back to its plain text, not to HTML).  Where the view's plot does draw, it hides the picture of
+its own run with a style inside the widget (``RunView``, ``summary_curves_class``), so a live
+frontend shows the curves once and every other reader still gets them.
+
 Example::
 
     shown = RunDisplay(session, shell, widget=opts.widget, body=cell)

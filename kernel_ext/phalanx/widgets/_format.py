@@ -136,11 +136,31 @@ def fmt_rate(rate: float | None) -> str:
     return "– steps/s" if rate is None else f"{rate:.1f} steps/s"
 
 
-def rank_text(p: Mapping[str, Any]) -> str:
-    """The detail text of one rank's progress row (a ``progress`` event entry)."""
+def known_total(p: Mapping[str, Any]) -> int | None:
+    """The rank's total steps if it is one: none given, or the rank went past it (``--steps``
+    is a hint; a loop that takes more steps proves it wrong), ``None``.
+
+    Example::
+
+        >>> known_total({"step": 50, "total": 200}), known_total({"step": 260, "total": 240})
+        (200, None)
+    """
     total = p.get("total")
+    return int(total) if total and int(p["step"]) <= int(total) else None
+
+
+def rank_text(p: Mapping[str, Any]) -> str:
+    """The one line of one rank's progress (a ``progress`` event entry): the steps (of the
+    total while it holds), the rate, the ETA while there is one, the latest metrics.
+
+    Example::
+
+        >>> rank_text({"rank": 0, "step": 260, "total": 240, "steps_per_s": 25.0, "eta_s": 0.0})
+        '260 steps · 25.0 steps/s'
+    """
+    total = known_total(p)
     parts = [f"{p['step']}/{total} steps" if total else f"{p['step']} steps", fmt_rate(p.get("steps_per_s"))]
-    if total:
+    if total and p["step"] < total and p.get("eta_s") is not None:
         parts.append(f"ETA {fmt_duration(p.get('eta_s'))}")
     metrics = fmt_metrics(p.get("metrics") or {})
     if metrics:
@@ -150,25 +170,45 @@ def rank_text(p: Mapping[str, Any]) -> str:
     return DOT.join(parts)
 
 
-def bar_range(ranks: Iterable[Mapping[str, Any]]) -> int:
-    """The progress bars' maximum: the total steps when known, else the leading rank's count.
+def bar_range(ranks: Iterable[Mapping[str, Any]]) -> int | None:
+    """The progress bars' maximum: the total steps while it holds, else ``None``.
 
-    Without a total, the leading rank's bar is full and the others show how far behind they are.
+    Without a total there is nothing to fill a bar towards: the leading rank's bar filled to
+    the end looked finished from the first second, so the bars wait for the run's end.
 
     Example::
 
-        >>> bar_range([{"step": 30, "total": None}, {"step": 40, "total": None}])
-        40
+        >>> bar_range([{"step": 30, "total": 100}]), bar_range([{"step": 40, "total": None}])
+        (100, None)
+        >>> bar_range([{"step": 260, "total": 240}]) is None    # past it: the total is wrong
+        True
     """
     ranks = list(ranks)
-    totals = [r["total"] for r in ranks if r.get("total")]
-    if totals:
-        return int(max(totals))
-    return max([int(r["step"]) for r in ranks] + [1])
+    if not ranks or any(known_total(r) is None for r in ranks):
+        return None
+    return max(int(r["total"]) for r in ranks)
+
+
+def total_note(total: int | None, steps: Mapping[int, int], status: str) -> str:
+    """What a finished run says when its total was wrong: ``--steps 240 did not match the 260
+    steps counted`` (a run that ended early is not a wrong total); else ``""``.
+
+    Example::
+
+        >>> total_note(240, {0: 260, 1: 260}, "done")
+        '--steps 240 did not match the 260 steps counted'
+        >>> total_note(240, {0: 100}, "interrupted"), total_note(240, {0: 240}, "done")
+        ('', '')
+    """
+    counted = max(steps.values(), default=0)
+    if not total or counted == total or (counted < total and status != "done"):
+        return ""
+    return f"--steps {total} did not match the {counted} steps counted"
 
 
 def overall(ranks: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Run-wide figures: slowest rank's step, total, mean rate, worst ETA, stragglers.
+    """Run-wide figures: slowest rank's step, total (while it holds), mean rate, worst ETA,
+    stragglers.
 
     Example::
 
@@ -178,9 +218,10 @@ def overall(ranks: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         12.0
     """
     rates = [r["steps_per_s"] for r in ranks if r.get("steps_per_s") is not None]
-    etas = [r["eta_s"] for r in ranks if r.get("eta_s") is not None]
+    total = bar_range(ranks)
+    etas = [r["eta_s"] for r in ranks if r.get("eta_s") is not None] if total else []
     return {"step": min((int(r["step"]) for r in ranks), default=0),
-            "total": next((r["total"] for r in ranks if r.get("total")), None),
+            "total": total,
             "steps_per_s": sum(rates) / len(rates) if rates else None,
             "eta_s": max(etas) if etas else None,
             "stragglers": [r["rank"] for r in ranks if r.get("straggler")]}
@@ -200,7 +241,7 @@ def progress_line(name: str, ranks: Sequence[Mapping[str, Any]], elapsed_s: floa
     parts = [f"{name} {status} {fmt_duration(elapsed_s)}", f"{len(ranks)} rank(s)",
              f"{o['step']}/{o['total']} steps" if o["total"] else f"{o['step']} steps",
              fmt_rate(o["steps_per_s"])]
-    if o["total"] and status == "running":
+    if o["total"] and status == "running" and o["eta_s"] is not None:
         parts.append(f"ETA {fmt_duration(o['eta_s'])}")
     if ranks and ranks[0].get("metrics"):
         parts.append(f"rank {ranks[0]['rank']}: {fmt_metrics(ranks[0]['metrics'], 2)}")

@@ -13,6 +13,8 @@ Example::
     True
     >>> parts_bar_html({"collective_s": 1.0})
     ''
+    >>> 'background:#e45756' in parts_legend_html() and "waiting for a peer" in parts_legend_html()
+    True
 """
 
 from __future__ import annotations
@@ -43,3 +45,14 @@ def parts_bar_html(t: Mapping[str, Any] | None) -> str:
     return ('<div class="phalanx-parts" style="display:flex;height:6px;width:100%;'
             f'border-radius:3px;overflow:hidden;background:#eee;margin:2px 0">{segments}</div>'
             f"<small>{caption}{slow}</small>")
+
+
+def parts_legend_html() -> str:
+    """What the bars' colours mean: one line of swatches, shown once above the ranks' bars (the
+    colours alone named nothing; a caption per bar names only the parts of 1% or more)."""
+    items = "".join(
+        f'<span style="white-space:nowrap;margin-right:1em"><span style="display:inline-block;'
+        f'width:.8em;height:.8em;border-radius:2px;vertical-align:middle;'
+        f'background:{PART_COLOURS[n]}"></span> {html.escape(part_label(n))}</span>'
+        for n in PART_NAMES)
+    return f'<small class="phalanx-parts-legend">{items}</small>'

@@ -30,7 +30,9 @@ LEGEND_MAX_RANKS = 8   # beyond this a per-rank legend hides the plot; the mean 
 MAX_POINTS = 4000      # drawn per line, whatever the run's length (see Line)
 MARKERS_UP_TO = 50     # points on a line before its markers are hidden
 _HEIGHT = 280
-WAITING_HTML = "<i>waiting for the first <code>log()</code> call…</i>"
+# Before the first metric row the chart's place stays empty: rows come in batches, and a hint
+# to call log() shown meanwhile told a run that logs to log (see RunView's hint timing).
+WAITING_HTML = ""
 
 
 class Line:
@@ -194,6 +196,9 @@ def _figure(name: str, scale: Literal["linear", "log"], x_range: Any = None) -> 
                  x_axis_label="step", y_axis_label=name, toolbar_location="above",
                  tools="pan,wheel_zoom,box_zoom,reset,save", **extra)
     fig.add_tools(HoverTool(tooltips=[("step", "@x"), (name, "@y")]))
+    # Six tools and a logo above every chart were the loudest thing under a short run: they
+    # show while the pointer is over the chart, where they are used.
+    fig.toolbar.autohide, fig.toolbar.logo = True, None
     return fig
 
 
@@ -287,6 +292,12 @@ class LivePlot:
             self.lines[(name, key)] = line
         self.metrics.append(name)
         self.panels[name] = panel
+
+    def say(self, text: str) -> None:
+        """Show ``text`` (HTML) in the chart's place while it has no curve."""
+        with self._lock:
+            if not self.metrics:
+                self._waiting.text = text
 
     def zoom_from(self, fetch: Callable[[str, Hashable, float, float], tuple]) -> None:
         """After the run: zooming into a window redraws it at full resolution.

@@ -33,6 +33,7 @@ from ._format import DOT, fmt_duration, fmt_rate, overall
 from ._plot import MAX_POINTS, WAITING_HTML, LivePlot
 from ._progress import ProgressPanel
 from ._series import Points, SeriesBuilder, merge
+from ._summary import summary_curves_class
 from ._throttle import CpuBudget
 
 # Of one core, on average, for this view's updates: on a machine the engines saturate (the
@@ -50,6 +51,10 @@ COUNTERS_INTERVAL_S = 1.0
 # A plot not built before the run is built once the run has trained this long: a run that ends
 # sooner shows its curves in the summary only (the plot would cost more than the run).
 PLOT_AFTER_S = 2.0
+# The "call log()" hint waits until the run has stepped this long without a metric row (or has
+# ended without one): rows are batched, and a loop may log only every few hundred steps, so a
+# hint from the first second told a run that logs to do what it was doing.
+NO_METRICS_HINT_AFTER_S = 10.0
 NOTHING_LOGGED_HTML = ("<i>no metrics: call <code>log(loss=...)</code> in the cell to plot them "
                        "live</i>")
 IN_SUMMARY_HTML = "<i>the run ended within seconds: its curves are in the summary below</i>"
@@ -95,6 +100,9 @@ class RunView:
         self._build_with, self._build_asked = build_with, False
         self.build_cpu_s = 0.0  # what building the plot during the run took (not charged)
         self._placeholder = w.HTML(WAITING_HTML)
+        self._first_step_at: float | None = None  # view clock when a step was first counted
+        self._hinted = False
+        self._summary_drawn = False  # the live plot shows the summary's curves: hide them
         self.widget = w.VBox([w.HBox([self.header, self.stop_button]), self.progress.widget,
                               self.plot.model if self.plot is not None else self._placeholder])
         self.rows_seen = 0
@@ -171,17 +179,49 @@ class RunView:
                 self.progress.finish(record.steps, record.status)
             elif self._status == "running":
                 self._status = "stopped"
-            self._show_header()
             self.stop_button.layout.display = "none"
+            trained = self._trained(record)
+            if not trained and not self.rows_seen:
+                # A cell that trains nothing (a validation pass): its output and the summary's
+                # one line say it all; empty bars and a "call log()" hint would not.
+                self.progress.widget.layout.display = "none"
+                self._chart_widget().layout.display = "none"
+                self._show_header()
+                return
             if self.plot is None:
                 self._placeholder.value = IN_SUMMARY_HTML if self.series.metrics else NOTHING_LOGGED_HTML
+                self._show_header()
                 return
+            if not self.series.metrics:
+                self.plot.say(NOTHING_LOGGED_HTML)
+            self._summary_drawn = bool(self.plot.metrics)
+            self._show_header()
             self.plot.refresh()
             if record is not None:  # zooming in now shows every logged point of the window
                 from ..fit._digest import window_points
 
                 self.plot.zoom_from(lambda name, key, start, end:
                                     window_points(record.history, name, key, start, end, MAX_POINTS))
+
+    def _trained(self, record: Any) -> bool:
+        steps = record.steps.values() if record is not None else (r["step"] for r in self._ranks)
+        return any(int(s) > 0 for s in steps)
+
+    def _chart_widget(self) -> Any:
+        return self.plot.model if self.plot is not None else self._placeholder
+
+    def _hint_if_silent(self) -> None:
+        """Say "call log()" once the run has stepped NO_METRICS_HINT_AFTER_S with no row."""
+        if self._first_step_at is None and any(int(r["step"]) > 0 for r in self._ranks):
+            self._first_step_at = self._clock()
+        if (self._hinted or self.rows_seen or self._first_step_at is None
+                or self._clock() - self._first_step_at < NO_METRICS_HINT_AFTER_S):
+            return
+        self._hinted = True
+        if self.plot is not None:
+            self.plot.say(NOTHING_LOGGED_HTML)
+        else:
+            self._placeholder.value = NOTHING_LOGGED_HTML
 
     def _plot_due(self) -> bool:
         return (self.plot is None and not self._over and bool(self._points)
@@ -229,6 +269,7 @@ class RunView:
                 self.world_size = self.series.world_size = len(self._ranks)
                 self.progress.show_ranks(self.world_size)
             self.progress.update(self._ranks)
+            self._hint_if_silent()
         memory = [e for e in events if e.get("type") == "memory"][-1:]
         if memory:
             self.progress.update_memory(memory[0]["ranks"])
@@ -244,14 +285,20 @@ class RunView:
         elapsed = self._wall if self._wall is not None else self._clock() - self._started
         parts = [f"<b>{html.escape(self.name)}</b>", html.escape(self._status),
                  f"{fmt_duration(elapsed)}", f"{self.world_size} rank(s)"]
-        if self._ranks:
+        if any(int(r["step"]) > 0 for r in self._ranks):  # no "0 steps · – steps/s" before
             o = overall(list(self._ranks))
             parts.append(fmt_rate(o["steps_per_s"]) + " per rank")
             if self._status == "running" and o["eta_s"] is not None:
                 parts.append(f"ETA {fmt_duration(o['eta_s'])}")
-            if o["stragglers"]:
+            if o["stragglers"] and self._status == "running":
                 parts.append("straggler(s): rank " + ", ".join(map(str, o["stragglers"])))
-        self.header.value = DOT.join(parts)
+        # This live plot draws the curves the summary below draws again as a picture (for
+        # GitHub, nbviewer and a notebook opened without its kernel): while this view is on the
+        # page, the picture is hidden.  The style lives in the widget, so wherever the widget
+        # cannot be drawn, nothing hides the picture.
+        hide = (f"<style>.{summary_curves_class(self.run_id)}{{display:none}}</style>"
+                if self._summary_drawn else "")
+        self.header.value = DOT.join(parts) + hide
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict:
         bundle = self.widget._repr_mimebundle_(**kwargs) or {}

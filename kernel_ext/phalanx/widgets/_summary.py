@@ -6,6 +6,13 @@ picture embedded in the HTML (a base64 ``data:`` image, see :mod:`._svg_curves`)
 nbviewer or a fresh Binder show the result of a saved notebook where no widget can be drawn.
 Plain text falls back to the record's own ``repr``.
 
+A run that trained nothing (no step counted, no metric logged: a validation pass) is one line.
+A run whose ``--steps`` did not match the steps its loop took says so here, once.
+
+In a live frontend the run's live view draws the same curves above it: the picture carries a
+class per run (:func:`summary_curves_class`) that the view hides with a style of its own, so
+the picture shows exactly where the view cannot be drawn (see ``RunView``).
+
 Example::
 
     summary = RunSummary(session.last_run())
@@ -17,11 +24,24 @@ from __future__ import annotations
 import base64
 import html
 import logging
+import re
 from typing import Any
 
+from ._format import DOT, total_note
 from ._svg_curves import curves_svg
 
 log = logging.getLogger("phalanx")
+
+
+def summary_curves_class(run_id: str) -> str:
+    """The CSS class of a run's summary picture (what its live view hides).
+
+    Example::
+
+        >>> summary_curves_class("ab12-3")
+        'phalanx-curves-ab12-3'
+    """
+    return "phalanx-curves-" + re.sub(r"[^A-Za-z0-9_-]", "_", run_id)
 
 
 class RunSummary:
@@ -49,15 +69,41 @@ class RunSummary:
                             self.record.name, exc_info=True)
         return self._svg
 
+    def trained_nothing(self) -> bool:
+        """No rank counted a step and nothing was logged: a cell that only ran code."""
+        return not any(self.record.steps.values()) and len(self.record.history) == 0
+
+    def _mismatch(self) -> str:
+        return total_note(getattr(self.record, "total_steps", None), self.record.steps,
+                          self.record.status)
+
+    def notes(self) -> list[str]:
+        """What the table does not say: the metric rows, a ``--steps`` that did not match."""
+        rows = len(self.record.history)
+        return [f"{rows} metric rows"] * bool(rows) + [self._mismatch()] * bool(self._mismatch())
+
+    def _one_line(self) -> str:
+        r = self.record
+        return (f"{r.name}: {r.status} in {r.wall_s:.2f} s on {r.world_size} rank(s){DOT}"
+                "no steps counted, no metrics logged")
+
     def __repr__(self) -> str:
-        return repr(self.record)
+        if self.trained_nothing():
+            return self._one_line()
+        mismatch = self._mismatch()
+        return repr(self.record) + (f"\n  {mismatch}" if mismatch else "")
 
     def _repr_html_(self) -> str:
+        record = self.record
+        if self.trained_nothing():
+            return f'<div class="phalanx-run-summary">{html.escape(self._one_line())}</div>'
         svg = self.svg()
         # an image rather than inline SVG: its styles and ids cannot clash with the page's, and
         # sanitizers treat it as they treat a data: PNG (JupyterLab's leaves an img's src alone)
         image = "" if svg is None else (
-            f'<img alt="metric curves of {html.escape(self.record.name)}" style="max-width:100%" '
+            f'<img class="{summary_curves_class(record.run_id)}" '
+            f'alt="metric curves of {html.escape(record.name)}" style="max-width:100%" '
             f'src="data:image/svg+xml;base64,{base64.b64encode(svg.encode()).decode("ascii")}"/>')
-        rows = f"<div><small>{len(self.record.history)} metric rows</small></div>"
-        return f'<div class="phalanx-run-summary">{self.record._repr_html_()}{rows}{image}</div>'
+        notes = self.notes()
+        said = f"<div><small>{html.escape(DOT.join(notes))}</small></div>" if notes else ""
+        return f'<div class="phalanx-run-summary">{record._repr_html_()}{said}{image}</div>'
