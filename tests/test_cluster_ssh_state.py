@@ -60,7 +60,7 @@ def test_restart_one_rank_kill_and_stop_on_two_hosts(ssh_cluster, shell, hosts, 
     assert "[ProfileCreate]" not in said, said  # no profile was generated on a host
     written = _files(hosts) - before - SKELETON
     assert not [f for f in written if os.path.basename(f).startswith(ENGINE_FILES)], written
-    private = session.cluster._launcher.remote_profile_dir()  # where the engines' files went
+    private = session.cluster.state.launcher.remote_profile_dir()  # where the engines' files went
     assert os.path.isdir(private)
     stays, old = session.cluster.slots()
 

@@ -86,18 +86,18 @@ def test_an_engine_that_exits_before_its_start_returns_still_fails_fast(two_engi
     ids = manager.engine_ids()
     write_sitecustomize(tmp_path, monkeypatch, CRASH)
     monkeypatch.setenv("PHALANX_TEST_CRASH", "1")
-    start_set = manager._start_set
+    start_set = manager.engine_starter._start_set
     exited = []
 
     def start_and_wait_for_exit(set_id, count, env):
         start_set(set_id, count, env)
-        engine_set = manager._cluster.engines[set_id]
+        engine_set = manager.state.cluster.engines[set_id]
         deadline = time.monotonic() + 30
         while engine_set.state != "after" and time.monotonic() < deadline:
             time.sleep(0.02)
         exited.append((engine_set.state == "after", time.monotonic()))
 
-    monkeypatch.setattr(manager, "_start_set", start_and_wait_for_exit)
+    monkeypatch.setattr(manager.engine_starter, "_start_set", start_and_wait_for_exit)
     with pytest.raises(ClusterError, match="exited before registering"):
         session.scale(3)
     (gone, returned_at), = exited

@@ -68,7 +68,7 @@ def engine_state(cluster, slot, log_lines: int = 15) -> str:
         lines.append("wchan " + Path(f"/proc/{slot.pid}/wchan").read_text())
     except OSError as exc:
         lines.append(f"no /proc entry: {exc}")
-    sets = getattr(getattr(cluster, "_cluster", None), "engines", {}) or {}
+    sets = getattr(getattr(getattr(cluster, "state", None), "cluster", None), "engines", {}) or {}
     engine_set = sets.get(slot.engine_set_id)
     for launcher in getattr(engine_set, "launchers", {}).values():
         output = getattr(launcher, "output_file", "")

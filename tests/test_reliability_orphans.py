@@ -125,7 +125,7 @@ def test_killed_kernel_leaves_no_process_scratch_dir_or_segment(tmp_path, figure
         # the controller's connection files (its keys) and the cluster's other files
         files = json.loads(execute(client, "import json\n"
                                            "from phalanx.cluster._cluster_files import files_of\n"
-                                           "print(json.dumps(files_of(get_session().cluster._cluster)))"))
+                                           "print(json.dumps(files_of(get_session().cluster.state.cluster)))"))
         assert [f for f in files if os.path.exists(f)], files
         killed = _kill_and_wait(km, seen, figures, "orphans_killed_kernel")
         wait_for(lambda: not _scratch_dirs(tmp_path, kernel_pid) and not shm_segments_of(pids),

@@ -42,7 +42,7 @@ def _fit_error(shell, cell):
 @contextmanager
 def launcher_notice_held(cluster, until):
     """Deliver the launcher's "engine set exited" notice only once ``until()`` holds."""
-    original = cluster._set_stopped
+    original = cluster.exits.engine_set_exited
 
     def late(set_id, data):
         try:
@@ -50,11 +50,24 @@ def launcher_notice_held(cluster, until):
         finally:  # delivered even when the test failed: the next test's cluster needs it
             original(set_id, data)
 
-    cluster._set_stopped = late
+    cluster.exits.engine_set_exited = late
     try:
         yield
     finally:
-        del cluster._set_stopped  # back to the class's method
+        del cluster.exits.engine_set_exited  # back to the class's method
+
+
+@contextmanager
+def unheard_by_phalanx(cluster):
+    """phalanx does not hear the controller let an engine go (it marks the rank dead at once
+    when it does): the slot keeps looking alive while ipyparallel already forgot the engine."""
+    callbacks = cluster.client._registration_callbacks
+    hook = cluster.exits.engine_unregistered
+    callbacks.remove(hook)
+    try:
+        yield
+    finally:
+        callbacks.append(hook)
 
 
 @contextmanager
@@ -102,7 +115,7 @@ def test_interrupting_an_engine_ipyparallel_already_forgot_skips_it(ready, tmp_p
     ars = [dispatch(cluster, s, started_then_sleep, str(tmp_path)) for s in slots]
     wait_for(lambda: len(os.listdir(tmp_path)) == 2, 30, what="both engines busy")
     late = threading.Event()
-    with launcher_notice_held(cluster, late.is_set):
+    with launcher_notice_held(cluster, late.is_set), unheard_by_phalanx(cluster):
         try:
             _kill_and_wait_forgotten(ready, 1)
             assert slots[1].state == "idle"  # the launcher's notice is still held back
@@ -145,7 +158,7 @@ def test_a_run_started_on_an_engine_ipyparallel_already_forgot_names_the_rank(re
     cluster = ready.cluster
     victim = cluster.slots()[1]
     late = threading.Event()
-    with launcher_notice_held(cluster, late.is_set):
+    with launcher_notice_held(cluster, late.is_set), unheard_by_phalanx(cluster):
         try:
             _kill_and_wait_forgotten(ready, 1)
             error = _fit_error(shell, "%%distributed_fit\nallreduce(np.ones(4))\n")
@@ -324,7 +337,7 @@ def test_the_controller_dying_mid_run_ends_the_run_with_one_error(ready, shell):
     from conftest import engine_pids
 
     cluster = ready.cluster
-    controller = cluster._cluster.controller.pid
+    controller = cluster.state.cluster.controller.pid
     killer = when_rank_logged(ready, 0, 5, lambda: os.kill(controller, signal.SIGKILL))
     error = _fit_error(shell, ENDLESS)
     assert "controller" in str(error) and f"pid {controller}" in str(error)

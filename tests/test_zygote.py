@@ -143,6 +143,8 @@ def test_a_killed_forked_engine_is_seen_dead_and_its_restart_is_forked(cluster_s
     victim = session.cluster.slots()[1]
     os.kill(victim.pid, signal.SIGKILL)
     _wait(lambda: session.cluster.slots()[1].state == "dead", what="the rank marked dead")
+    # dead as soon as the controller lets it go; its exit code comes with the launcher's notice
+    _wait(lambda: session.cluster.slots()[1].exit_code is not None, what="its exit code")
     exit_code = session.cluster.slots()[1].exit_code
     assert exit_code in (-signal.SIGKILL, 128 + signal.SIGKILL), exit_code
     zygote = _zygote_pid(session)
@@ -257,7 +259,7 @@ def test_the_fork_server_serves_the_next_cluster_and_ends_with_the_session():
     try:
         session.start_cluster(n=2, gpus="none", timeout=60)
         zygote = _zygote_pid(session)
-        socket_dir = os.path.dirname(session.cluster._zygote.path)
+        socket_dir = os.path.dirname(session.cluster.fork_server.handle.path)
         assert oct(os.stat(socket_dir).st_mode & 0o777) == "0o700"
         others = [p for pids in session.cluster.process_ids().values() for p in pids
                   if p != zygote]

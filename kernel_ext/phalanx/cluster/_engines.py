@@ -1,68 +1,90 @@
-"""How :class:`~._manager.ClusterManager` adds engines: start engine sets through the launcher,
-wait until each engine registers and answers, pin it, and give it a rank.
+"""How new engines arrive: start engine sets through the launcher, wait until each engine
+registers and answers, pin it, and give it a rank.
 
-Mixed into the manager, whose state it shares; the manager decides when engines come and go
-(start, scale, restart), this module how they arrive.
+The manager decides when engines come (start, scale, restart, adopt); :class:`EngineStarter`
+how.  A start that fails leaves none of its engines running (it stops them through the
+:class:`~._stopping.EngineStopper`), and an engine set that exits before its engines registered
+ends the wait at once (its exit reaches the :class:`~._exit_watch.ExitWatch`).
+
+Example (what :class:`~._manager.ClusterManager` does)::
+
+    starter = EngineStarter(state, stopper, exits, fork_server)
+    starter.add(2)                                  # two more ranks
+    starter.add(1, replacing=["slot-1"])            # a new engine takes slot-1's rank
 """
 
 from __future__ import annotations
 
-import logging
 import socket
 import subprocess
-from typing import Any
 
+from ._exit_watch import ExitWatch
+from ._fork_server import ForkServer
 from ._gpus import assign_devices, pinning_env
 from ._heartbeat import ENGINE_ARGS
 from ._probe import warm_up
-from ._locality import is_local
 from ._ranks import EngineSlot, pair_by_host
 from ._registration import await_registration, pin_group
-from ._state import ManagerState
+from ._state import ClusterState
+from ._stopping import EngineStopper
 from ._warden import launched_processes
 
-log = logging.getLogger("phalanx")
 
+class EngineStarter:
+    """New engines for a running cluster's start, scale, restart and adoption."""
 
-class EngineStartMixin(ManagerState):
-    """New engines for :meth:`start`, :meth:`scale`, :meth:`restart` and :meth:`adopt`."""
+    def __init__(self, state: ClusterState, stopper: EngineStopper, exits: ExitWatch,
+                 fork_server: ForkServer) -> None:
+        self.state = state
+        self._stopper = stopper
+        self._exits = exits
+        self._fork_server = fork_server
 
-    def _add_engines(self, count: int, replacing: list[str] | None = None,
-                     hosts: dict[str, int] | None = None) -> None:
+    def add(self, count: int, replacing: list[str] | None = None,
+            hosts: dict[str, int] | None = None) -> None:
         """Start ``count`` engines (on ``hosts``, where the launcher places them), wait for
-        them, identify and pin them, rank them."""
+        them, identify and pin them, rank them (``replacing``: in those slots' ranks)."""
+        state = self.state
         new_slots: list[EngineSlot] = []
         try:
             self._launch(count, new_slots, hosts)
-            self._await_registration(new_slots)
+            self.await_registration(new_slots, state.timeout)
             for set_id in {s.engine_set_id for s in new_slots}:
-                self._launcher.note_started(self._cluster.engines.get(set_id),
+                state.launcher.note_started(state.cluster.engines.get(set_id),
                                             [s for s in new_slots if s.engine_set_id == set_id])
         except BaseException:  # a set that failed to start too: none of this call's is left
-            self._stop_sets({s.engine_set_id for s in new_slots})
-            with self._lock:
-                for s in new_slots:
-                    self._slots.pop(s.slot_id, None)
+            self._stopper.stop_sets({s.engine_set_id for s in new_slots})
+            state.forget(s.slot_id for s in new_slots)
             raise
-        self._rank_new(new_slots, replacing)
+        self.rank(new_slots, replacing)
 
-    def _rank_new(self, new_slots: list[EngineSlot], replacing: list[str] | None = None) -> None:
-        with self._lock:
+    def rank(self, new_slots: list[EngineSlot], replacing: list[str] | None = None) -> None:
+        """Give registered slots ranks: the next ones, or those of ``replacing``."""
+        state, launcher = self.state, self.state.launcher
+        with state.lock:
             if replacing is not None:  # each replacement takes the rank of the one on its host
-                new_slots = pair_by_host([self._slots[s] for s in replacing], new_slots)
+                new_slots = pair_by_host([state.slots[s] for s in replacing], new_slots)
             for slot in new_slots:
-                sets = [s for s in self._slots.values() if s.engine_set_id == slot.engine_set_id]
-                slot.restarts_alone = (self._launcher.one_set_per_engine or len(sets) == 1 or (
-                    self._launcher.restarts_one_engine and self._launcher.hosts_of([slot]) is not None))
+                sets = [s for s in state.slots.values() if s.engine_set_id == slot.engine_set_id]
+                slot.restarts_alone = (launcher.one_set_per_engine or len(sets) == 1 or (
+                    launcher.restarts_one_engine and launcher.hosts_of([slot]) is not None))
             for i, slot in enumerate(new_slots):
                 if replacing is not None:
-                    self._ranks.replace(replacing[i], slot.slot_id)
-                    self._slots.pop(replacing[i], None)
+                    state.ranks.replace(replacing[i], slot.slot_id)
+                    state.slots.pop(replacing[i], None)
                 else:
-                    self._ranks.append(slot.slot_id)
+                    state.ranks.append(slot.slot_id)
                 slot.state = "idle"
-            self.generation += 1
-        self._on_change()
+            state.generation += 1
+        state.on_change()
+
+    def await_registration(self, slots: list[EngineSlot], timeout: float) -> None:
+        """Wait until each new slot's engine has registered and answered the probe."""
+        state = self.state
+        await_registration(state, slots, timeout)
+        if not state.launcher.one_set_per_engine:
+            pin_group(state, slots)
+        state.client[[s.engine_id for s in slots]].apply_async(warm_up)  # not awaited
 
     def _launch(self, count: int, slots: list[EngineSlot],
                 hosts: dict[str, int] | None = None) -> None:
@@ -72,92 +94,38 @@ class EngineStartMixin(ManagerState):
         environment) is marked dead by the set's stop callback, which may fire before the start
         call returns; finding no slot then, it would leave the wait for registration to run its
         whole timeout."""
-        assert self._runner is not None and self._cluster is not None
-        if self._launcher.one_set_per_engine:
-            first_rank = self.size
-            devices = assign_devices(self.gpu_spec, [socket.gethostname()] * (first_rank + count),
-                                     {socket.gethostname(): self._gpus})[first_rank:]
+        state = self.state
+        assert state.runner is not None and state.cluster is not None
+        if state.launcher.one_set_per_engine:
+            first_rank, here = state.size, socket.gethostname()
+            devices = assign_devices(state.gpu_spec, [here] * (first_rank + count),
+                                     {here: state.gpus})[first_rank:]
             for device in devices:
-                slot_id = f"slot-{next(self._ids)}"
-                slots.append(self._register_slot(EngineSlot(slot_id, slot_id, device)))
+                slot_id = f"slot-{next(state.ids)}"
+                slots.append(state.register(EngineSlot(slot_id, slot_id, device)))
                 self._start_set(slot_id, 1, {"PHALANX_SLOT": slot_id, **pinning_env(device),
-                                             **self._fork_env(device)})
+                                             **self._fork_server.engine_env(device)})
         else:
-            set_id = f"set-{next(self._ids)}"
+            set_id = f"set-{next(state.ids)}"
             for i in range(count):
-                slots.append(self._register_slot(EngineSlot(f"{set_id}.{i}", set_id)))
+                slots.append(state.register(EngineSlot(f"{set_id}.{i}", set_id)))
             self._start_set(set_id, count, {"PHALANX_SET": set_id}, hosts)
-
-    def _fork_env(self, device: str | None) -> dict[str, str]:
-        """What makes a CPU engine be forked from the cluster's zygote, where one runs."""
-        return self._zygote.environment() if self._zygote is not None and device is None else {}
-
-    def _register_slot(self, slot: EngineSlot) -> EngineSlot:
-        with self._lock:
-            self._slots[slot.slot_id] = slot
-        return slot
 
     def _start_set(self, set_id: str, count: int, env: dict[str, str],
                    hosts: dict[str, int] | None = None) -> None:
+        state = self.state
+        cluster, launcher = state.cluster, state.launcher
         kwargs = {"engine_args": list(ENGINE_ARGS),
-                  **self._launcher.engine_kwargs(set_id, count, env, hosts=hosts)}
-        assert self._runner is not None and self._warden is not None  # set by start()
+                  **launcher.engine_kwargs(set_id, count, env, hosts=hosts)}
+        assert state.runner is not None and state.warden is not None  # set by start()
         try:
-            self._runner.run(self._cluster.start_engines(count, engine_set_id=set_id, **kwargs),
-                             timeout=self.timeout)
+            state.runner.run(cluster.start_engines(count, engine_set_id=set_id, **kwargs),
+                             timeout=state.timeout)
         except subprocess.CalledProcessError as exc:  # a batch system refused the job
-            self._cluster.engines.pop(set_id, None)
-            raise self._launcher.submit_error(exc) from None
-        if self._launcher.engines_here:
-            self._warden.watch(launched_processes(self._cluster.engines[set_id]))
-        self._cluster.engines[set_id].on_stop(lambda data, s=set_id: self._set_stopped(s, data))
-
-    def _set_stopped(self, set_id: str, data: dict | None) -> None:
-        code = (data or {}).get("exit_code")
-        changed = False
-        with self._lock:
-            for slot in self._slots.values():
-                if slot.engine_set_id == set_id and slot.state not in ("stopping", "dead"):
-                    slot.state, slot.exit_code, changed = "dead", code, True
-        if changed:
-            log.warning("phalanx: engine set %s exited (code %s)", set_id, code)
-            self._on_change()
-
-    def _engine_event(self, event: dict) -> None:
-        """The controller let an engine go (it exited, or missed its heartbeats): its rank is
-        dead from now on, in ``%cluster status``, the widget and the panel, and the next run
-        refuses to start on it.  A stopped process here is left to the run that waits on it
-        (it ends it and says so); engines being stopped on purpose are already ``stopping``."""
-        if event.get("event") != "unregister":
-            return
-        changed = []
-        with self._lock:
-            for slot in self._slots.values():
-                if slot.engine_id == event.get("id") and slot.state in ("starting", "idle", "busy") \
-                        and not _still_here(slot):
-                    slot.state = "dead"
-                    changed.append(slot)
-        for slot in changed:
-            log.warning("phalanx: engine %s (pid %s on %s) left the cluster", slot.engine_id,
-                        slot.pid, slot.host)
-        if changed:
-            self._on_change()
-
-    def _await_registration(self, slots: list[EngineSlot]) -> None:
-        """Wait until each new slot's engine has registered and answered the probe."""
-        await_registration(self, slots, self.controller_ip)
-        if not self._launcher.one_set_per_engine:
-            pin_group(self, slots)
-        self.client[[s.engine_id for s in slots]].apply_async(warm_up)  # not awaited
-
-
-def _still_here(slot: Any) -> bool:
-    """Whether a slot's engine process still runs on this host (a stopped one does)."""
-    if not slot.pid or not is_local(slot):
-        return False
-    import psutil
-
-    try:
-        return psutil.Process(slot.pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
+            cluster.engines.pop(set_id, None)
+            raise launcher.submit_error(exc) from None
+        if launcher.engines_here:
+            state.warden.watch(launched_processes(cluster.engines[set_id]))
+        # the watch's method is looked up when the set stops, not now (tests delay the notice)
+        cluster.engines[set_id].on_stop(
+            lambda data, s=set_id: self._exits.engine_set_exited(s, data))

@@ -5,10 +5,19 @@ Processes are started by ipyparallel's own ``Cluster`` and launchers.  What phal
 * a launcher object per kind (:mod:`._launchers`) says where the controller listens and how
   engines start; with the local launcher every engine is its own engine set (a *slot*), so one
   rank can be restarted or stopped alone, which ipyparallel cannot do by engine id;
-* dense ranks over the slots (:class:`RankTable`), pinned GPUs (:mod:`._gpus`); restarts and
-  scale-downs that leave no old engine running on any host (:mod:`._replace`);
+* dense ranks over the slots (:class:`~._ranks.RankTable`), pinned GPUs (:mod:`._gpus`);
+  restarts and scale-downs that leave no old engine running on any host (:mod:`._replace`,
+  :mod:`._stopping`);
 * fail-fast start (:mod:`._engines`): an engine set that exits before registering ends the wait
   at once with the tail of its log, and nothing is left running.
+
+The manager decides what happens (is a cluster running, how many engines, which launcher and
+devices) and hands the doing to its parts, each given the shared :class:`~._state.ClusterState`
+and the other parts it needs: :class:`~._controller.ControllerStarter`,
+:class:`~._engines.EngineStarter`, :class:`~._stopping.EngineStopper`,
+:class:`~._replace.Restarter`, :class:`~._teardown.ClusterTeardown`,
+:class:`~._exit_watch.ExitWatch`, :class:`~._reporting.StatusReport`,
+:class:`~._adoption.Adoption` and the kept :class:`~._fork_server.ForkServer`.
 
 Example::
 
@@ -19,44 +28,36 @@ Example::
 
 from __future__ import annotations
 
-import itertools
-import logging
 import os
 import socket
-import threading
 from typing import Any, Callable
 
+from ._adoption import Adoption
+from ._controller import ControllerStarter
+from ._engines import EngineStarter
 from ._errors import ClusterError
-from ._engines import EngineStartMixin
+from ._exit_watch import ExitWatch
+from ._fork_server import ForkServer
 from ._gpus import GpuSpec, assign_devices, default_engine_count, parse_gpu_spec, visible_gpus
-from ._heartbeat import CONTROLLER_ARGS
-from ._loop import LoopThread
-from ._mpi_segments import mpich_segments, remove_segments
 from ._launchers import Launcher, LaunchOptions, make_launcher
-from ._cluster_files import files_of, remove_files
-from ._procs import (check_count, children_of, kill_leftovers, local_pids, terminate_together,
-                     quiet_logger, shutdown_engines)
-from ._ranks import EngineSlot, RankTable
-from ._replace import ReplaceMixin
-from ._reporting import AdoptionMixin, StatusMixin
-from ._supervise import command as supervised, parent_env
-from ._warden import Warden, launched_processes
-from ._zygote_handle import ZygoteHandle, fork_server_idle_s
-
-log = logging.getLogger("phalanx")
+from ._loop import LoopThread
+from ._procs import check_count
+from ._ranks import EngineSlot
+from ._replace import Restarter
+from ._reporting import StatusReport
+from ._state import ClusterState
+from ._stopping import EngineStopper
+from ._teardown import ClusterTeardown
+from ._warden import Warden
+from ._zygote_handle import fork_server_idle_s
 
 # The controller and engines on this host run under phalanx's supervisor (cluster/_supervise.py):
 # a private umask (connection files are owner-only from the moment they exist) and a watchdog
 # that stops them when the kernel is gone.  A watchdog process per cluster (cluster/_warden.py)
 # ends what those cannot (a dead controller's schedulers, a stopped engine) and the kernel's files.
 
-# ipyparallel's hub keeps every request and result in memory by default (its DictDB, up to 1 GB),
-# shipped data and returned models included: twelve runs shipping 20 MB each left the controller
-# 250 MB larger (measured; 29 MB without).  phalanx never reads a task back from the hub.
-NO_TASK_DATABASE = ["--nodb"]
 
-
-class ClusterManager(StatusMixin, AdoptionMixin, ReplaceMixin, EngineStartMixin):
+class ClusterManager:
     """Start and manage one ipyparallel cluster; all methods are synchronous.
 
     ``on_change`` is called (from any thread) whenever engines come, go or change state.
@@ -66,43 +67,78 @@ class ClusterManager(StatusMixin, AdoptionMixin, ReplaceMixin, EngineStartMixin)
     def __init__(self, on_change: Callable[[], None] | None = None,
                  device_lister: Callable[[], list[str]] = visible_gpus,
                  max_engines: int | None = None) -> None:
-        self._on_change = on_change or (lambda: None)
         self._device_lister = device_lister
-        self.max_engines = max_engines or int(os.environ.get("PHALANX_MAX_ENGINES", "64"))
-        self._lock = threading.RLock()
-        self._runner: LoopThread | None = None
-        self._warden: Warden | None = None
-        self._zygote: ZygoteHandle | None = None  # kept across clusters (see _start_zygote)
-        self._forked_controller: Any = None  # the controller, where the zygote forked it
-        self._fork_server_idle_s = 0.0
-        self._cluster: Any = None
-        self.client: Any = None
-        self.launcher = "local"
-        self._launcher: Launcher = make_launcher("local", LaunchOptions())
-        self.controller_ip = "127.0.0.1"
-        self.gpu_spec = GpuSpec("auto")
-        self._gpus: list[str] = []
-        self._slots: dict[str, EngineSlot] = {}
-        self._ranks = RankTable()
-        self._ids = itertools.count()
-        self.generation = 0  # bumped whenever the rank -> engine mapping changes
-        self.controller_exit: dict | None = None  # set when the controller stops on its own
-        self.timeout = 60.0
+        self.state = state = ClusterState(
+            on_change or (lambda: None),
+            max_engines or int(os.environ.get("PHALANX_MAX_ENGINES", "64")))
+        # each part gets the state and the parts it calls; none knows the manager
+        self.fork_server = ForkServer()  # kept across clusters (see ForkServer.prepare)
+        self.exits = ExitWatch(state)
+        self.controller_starter = ControllerStarter(state, self.fork_server, self.exits)
+        self.engine_stopper = EngineStopper(state)
+        self.engine_starter = EngineStarter(state, self.engine_stopper, self.exits,
+                                            self.fork_server)
+        self.restarter = Restarter(state, self.engine_starter, self.engine_stopper)
+        self.teardown = ClusterTeardown(state, self.engine_stopper, self.fork_server)
+        self.report = StatusReport(state, self.fork_server)
+        self.adoption = Adoption(state, self.engine_starter)
 
-    # --- queries ---------------------------------------------------------------------------
+    # --- what the last start chose, and the running cluster ---------------------------------
 
     @property
     def running(self) -> bool:
-        return self._cluster is not None
+        return self.state.running
 
     @property
     def size(self) -> int:
-        return len(self._ranks)
+        return self.state.size
+
+    @property
+    def client(self) -> Any:
+        """The ipyparallel Client while a cluster runs, else ``None``."""
+        return self.state.client
+
+    @property
+    def launcher(self) -> str:
+        """The name of the last start's launcher (``local`` before any)."""
+        return self.state.launcher.name
+
+    @property
+    def controller_ip(self) -> str:
+        return self.state.controller_ip
+
+    @property
+    def gpu_spec(self) -> GpuSpec:
+        return self.state.gpu_spec
+
+    @property
+    def timeout(self) -> float:
+        """How long engines may take to register (the last start's ``timeout``)."""
+        return self.state.timeout
+
+    @property
+    def generation(self) -> int:
+        """Bumped whenever the rank -> engine mapping changes."""
+        return self.state.generation
+
+    @property
+    def controller_exit(self) -> dict | None:
+        """How the controller exited, where it stopped on its own (else ``None``)."""
+        return self.state.controller_exit
+
+    @property
+    def max_engines(self) -> int:
+        return self.state.max_engines
+
+    @max_engines.setter
+    def max_engines(self, n: int) -> None:
+        self.state.max_engines = n
+
+    # --- queries ---------------------------------------------------------------------------
 
     def slots(self) -> list[EngineSlot]:
         """Slots in rank order."""
-        with self._lock:
-            return [self._slots[s] for s in self._ranks if s in self._slots]
+        return self.state.in_rank_order()
 
     def engine_ids(self) -> list[int]:
         """ipyparallel engine ids in rank order."""
@@ -110,7 +146,7 @@ class ClusterManager(StatusMixin, AdoptionMixin, ReplaceMixin, EngineStartMixin)
 
     def view(self, ranks: list[int] | None = None) -> Any:
         """A DirectView on the engines of ``ranks`` (default: all), in rank order."""
-        self._require_running()
+        self.state.require_running()
         ids = self.engine_ids()
         targets = ids if ranks is None else [ids[r] for r in ranks]
         return self.client[targets]
@@ -118,6 +154,19 @@ class ClusterManager(StatusMixin, AdoptionMixin, ReplaceMixin, EngineStartMixin)
     def topology(self) -> tuple:
         """(generation, engine ids in rank order): changes whenever a process group must re-form."""
         return (self.generation, tuple(self.engine_ids()))
+
+    def status(self, steps: dict[int, int] | None = None) -> list[dict]:
+        """One row per rank: rank, engine id, host, pid, device, state, memory (MB), step."""
+        return self.report.status(steps)
+
+    def process_ids(self) -> dict[str, list[int]]:
+        """Local processes of the cluster by role (controller, engines, warden, zygote), with
+        their children.  For audits and leak checks."""
+        return self.report.process_ids()
+
+    def check_limit(self, n: int) -> None:
+        """Refuse ``n`` engines when it is above the configured maximum (PHALANX_MAX_ENGINES)."""
+        self.state.check_limit(n)
 
     # --- start / stop ------------------------------------------------------------------------
 
@@ -131,6 +180,7 @@ class ClusterManager(StatusMixin, AdoptionMixin, ReplaceMixin, EngineStartMixin)
         ``controller_ip`` is the same as ``options.ip``: engines started elsewhere and then
         :meth:`adopt`-ed reach a local cluster's controller there.
         """
+        state = self.state
         if self.running:
             raise ClusterError(f"a cluster is already running with {self.size} engine(s); "
                                "use %cluster scale N to resize it or %cluster stop first")
@@ -139,94 +189,36 @@ class ClusterManager(StatusMixin, AdoptionMixin, ReplaceMixin, EngineStartMixin)
             fork_idle_s = fork_server_idle_s()
         except ValueError as exc:
             raise ClusterError(str(exc)) from None
-        options = options or LaunchOptions()
-        if controller_ip:
-            options = LaunchOptions(**{**vars(options), "ip": controller_ip})
-        chosen = make_launcher(launcher, options)
+        chosen = make_launcher(launcher, _with_ip(options or LaunchOptions(), controller_ip))
         local_gpus = self._device_lister() if spec.mode != "none" else []
-        count = check_count(n, "-n") if n is not None else (
-            chosen.default_count() or default_engine_count(spec, local_gpus))
-        self.check_limit(count)
-        if chosen.engines_here:  # decide devices before starting
-            assign_devices(spec, [socket.gethostname()] * count, {socket.gethostname(): local_gpus})
-        self.gpu_spec, self._gpus, self.timeout = spec, local_gpus, timeout
-        self._fork_server_idle_s = fork_idle_s
-        self.launcher, self._launcher = chosen.name, chosen
-        self._runner = LoopThread()
-        self._warden = Warden.start()
+        count = self._engine_count(n, chosen, spec, local_gpus)
+        state.gpu_spec, state.gpus, state.timeout, state.launcher = spec, local_gpus, timeout, chosen
+        state.runner = LoopThread()
+        state.warden = Warden.start()
         try:
-            self._start_zygote(local_gpus)
-            self._runner.run(self._start_controller(profile), timeout + 30)
-            self._add_engines(count)
+            self.fork_server.prepare(chosen, spec, local_gpus, fork_idle_s)
+            state.runner.run(self.controller_starter.start(profile), timeout + 30)
+            self.engine_starter.add(count)
         except BaseException:
-            self._teardown()
+            self.teardown.run()
             raise
         return self.slots()
 
-    def _start_zygote(self, local_gpus: list[str]) -> None:
-        """Local CPU engines are forked from a process that imported torch once (it imports
-        while the first controller starts, and serves the kernel's later clusters too); GPU
-        engines start fresh: CUDA state must not cross a fork.
-
-        The zygote is not the cluster watchdog's to end: it outlives ``%cluster stop`` (for
-        ``PHALANX_FORK_SERVER_IDLE_S``, default 600 s, without engines) and ends by itself
-        when the kernel does."""
-        wanted = self._launcher.forks_engines and not (self.gpu_spec.mode != "none" and local_gpus) \
-            and os.environ.get("PHALANX_FORK_SERVER") != "0"
-        kept = self._zygote
-        if kept is not None and not (wanted and kept.serves({**os.environ, **parent_env()})):
-            self.close_fork_server()  # ended, turned off, or imported under other variables
-        if wanted and self._zygote is None:
-            self._zygote = ZygoteHandle.start(idle_s=self._fork_server_idle_s)
+    def _engine_count(self, n: int | None, chosen: Launcher, spec: GpuSpec,
+                      local_gpus: list[str]) -> int:
+        """How many engines a start means, checked against the limit and, for engines on this
+        host, against the devices (decided before anything starts)."""
+        count = check_count(n, "-n") if n is not None else (
+            chosen.default_count() or default_engine_count(spec, local_gpus))
+        self.check_limit(count)
+        if chosen.engines_here:
+            here = socket.gethostname()
+            assign_devices(spec, [here] * count, {here: local_gpus})
+        return count
 
     def close_fork_server(self) -> None:
         """Stop the kept fork server (the session's end; ``%cluster stop`` keeps it)."""
-        zygote, self._zygote = self._zygote, None
-        if zygote is not None:
-            zygote.close()
-
-    async def _start_controller(self, profile: str | None) -> None:
-        import ipyparallel as ipp
-
-        kwargs: dict[str, Any] = dict(
-            engines=self._launcher.name, delay=0, engine_timeout=int(self.timeout),
-            controller_args=list(CONTROLLER_ARGS) + NO_TASK_DATABASE, shutdown_atexit=True,
-            log=quiet_logger(), parent=None)
-        if profile and os.sep in profile:  # a profile's folder rather than its name
-            kwargs["profile_dir"] = os.path.abspath(os.path.expanduser(profile))
-        elif profile:
-            kwargs["profile"] = profile
-        self._cluster = cluster = ipp.Cluster(**kwargs)
-        self._launcher.profile_config = cluster.config
-        self._launcher.profile_dir = cluster.profile_dir
-        self._launcher.check()  # before any process starts
-        self.controller_exit = None
-        self.controller_ip = cluster.controller_ip = self._launcher.listen_address(
-            cluster.controller_ip or None)
-        cluster.controller_args = list(cluster.controller_args) + self._launcher.controller_args(
-            self.controller_ip)
-        # A zygote kept from the kernel's last cluster forks the controller too (a new one is
-        # still importing: the controller does not wait for it).  The controller uses no GPU.
-        zygote = self._zygote if self._zygote is not None and self._zygote.ready() else None
-        environment = parent_env()
-        if zygote is not None:
-            environment.update(zygote.environment(), CUDA_VISIBLE_DEVICES="")
-        self._forked_controller = None
-        await cluster.start_controller(controller_cmd=supervised("ipyparallel.controller"),
-                                       environment=environment)
-        assert self._warden is not None  # started just before the controller
-        stand_in = launched_processes(cluster.controller)
-        self._warden.watch(stand_in)
-        cluster.controller.on_stop(self._controller_stopped)
-        self.client = await cluster.connect_client()
-        # the controller's word that an engine is gone marks its rank dead at once (an SSH
-        # launcher notices an exited engine only when its next poll over SSH returns)
-        self.client._registration_callbacks.append(self._engine_event)
-        self._warden.remove_at_exit(files_of(cluster))
-        if zygote is not None and stand_in:  # it runs by now: the client has connected to it
-            self._forked_controller = zygote.controller(since=stand_in[0].create_time())
-            if self._forked_controller is not None:  # the warden then knows its schedulers
-                self._warden.watch([self._forked_controller])
+        self.fork_server.close()
 
     def stop(self) -> bool:
         """Stop every engine and the controller; returns False when nothing was running.
@@ -235,110 +227,56 @@ class ClusterManager(StatusMixin, AdoptionMixin, ReplaceMixin, EngineStartMixin)
         naming those still running where one could not be ended (an unreachable host)."""
         if not self.running:
             return False
-        running = self._teardown()
+        running = self.teardown.run()
         if running:
             raise ClusterError("the cluster was stopped, but engine processes are still exiting: "
                                + "; ".join(running))
         return True
 
-    def _teardown(self) -> list[str]:
-        with self._lock:
-            slots = list(self._slots.values())
-            pids = local_pids(self._slots.values())
-            nannies = children_of(pids) + (self._zygote.nannies() if self._zygote else [])
-            segments = mpich_segments(pids)  # read while the engines still map them
-            asked = [s.engine_id for s in self._slots.values() if self._ask_to_exit(s)]
-            for slot in self._slots.values():
-                slot.state = "stopping"
-        cluster, client, runner, warden = self._cluster, self.client, self._runner, self._warden
-        self._cluster = self.client = self._runner = self._warden = None
-        self._forked_controller = None
-        sets = list(cluster.engines.values()) if cluster is not None else []
-        files = files_of(cluster) if cluster is not None else []
-        running: list[str] = []
-        try:
-            left = True
-            if client is not None:
-                left, running = self._launcher.end_engines(
-                    sets, slots, lambda: shutdown_engines(client, asked))
-                client.close(linger=0)
-            if self._launcher.ends_engines_by_pid:
-                terminate_together(pids)
-            if cluster is not None and runner is not None:
-                if left and self._launcher.ask_engines_to_exit:  # the engines are gone
-                    for set_id in list(cluster.engines):
-                        self._launcher.forget(cluster.engines.pop(set_id))
-                    runner.run(cluster.stop_controller(), timeout=30)
-                else:
-                    runner.run(cluster.stop_cluster(), timeout=30)
-        except Exception as exc:  # keep going: what matters is that no process survives
-            log.warning("phalanx: stopping the cluster raised %s; killing leftovers", exc)
-        finally:
-            kill_leftovers(pids)
-            # Each engine's nanny, once its engine is gone, tells the controller so and lingers
-            # 3 s trying when the controller has stopped too (ipyparallel's LINGER): with the
-            # whole cluster gone there is no one left to tell.
-            terminate_together(nannies, grace=1.0)
-            self._await_gone(sets)
-            remove_segments(segments)  # the engines that mapped them are gone (killed above)
-            if not self._fork_server_idle_s:  # kept only where it may outlive the cluster
-                self.close_fork_server()  # after the engines: it would kill any still running
-            if warden is not None:  # it ends what the stop left (a dead controller's schedulers)
-                warden.close()
-            if runner is not None:
-                runner.close()
-            self._launcher.cleanup()
-            remove_files(files)  # what the controller's own exit leaves
-            with self._lock:
-                self._slots.clear()
-                self._ranks = RankTable()
-                self.generation += 1
-            self._on_change()
-        return running
-
-    def _await_gone(self, sets: list) -> None:
-        """Return once the launcher no longer lists the stopped sets (a cancelled batch job
-        leaves the queue only after its processes ended)."""
-        for engine_set in sets:
-            try:
-                self._launcher.after_stop(engine_set)
-            except Exception as exc:
-                log.warning("phalanx: checking that %s is gone raised %s",
-                            self._launcher.set_name(engine_set), exc)
-
-    def _controller_stopped(self, data: dict | None) -> None:
-        """The controller exited: a run in progress can no longer hear from any engine."""
-        if self._cluster is None:  # stopped by us
-            return
-        self.controller_exit = dict(data or {}, pid=getattr(self._cluster.controller, "pid", None))
-        log.warning("phalanx: the cluster's controller exited (%s)", data)
-        self._on_change()
-
-
-    # --- scaling ------------------------------------------------------------------------------
+    # --- scaling, restarts, engines started elsewhere -----------------------------------------
 
     def scale(self, n: int) -> list[EngineSlot]:
         """Grow or shrink to ``n`` engines; shrinking stops the highest ranks."""
-        self._require_running()
+        state = self.state
+        state.require_running()
         n = check_count(n, "scale")
         self.check_limit(n)
         current = self.size
         if n > current:
-            if self._launcher.engines_here:
-                assign_devices(self.gpu_spec, [socket.gethostname()] * n, {socket.gethostname(): self._gpus})
-            self._add_engines(n - current)
+            if state.launcher.engines_here:
+                here = socket.gethostname()
+                assign_devices(state.gpu_spec, [here] * n, {here: state.gpus})
+            self.engine_starter.add(n - current)
         elif n < current:
-            self._remove_slots(self._ranks.highest(current - n))
+            self.engine_stopper.remove(state.ranks.highest(current - n))
         return self.slots()
 
-    # --- checks -------------------------------------------------------------------------------
+    def restart(self, rank: int | None = None) -> list[EngineSlot]:
+        """Restart one rank (its engine is replaced on its host, the rank is kept; the old
+        engine's process has exited when this returns) or every engine."""
+        self.restarter.restart(rank)
+        return self.slots()
 
-    def _require_running(self) -> None:
-        if not self.running:
-            raise ClusterError("no cluster is running: start one with %cluster start -n 2")
+    def engine_connection_file(self) -> str:
+        """What an engine started by hand needs (``ipengine --file=PATH``): the controller's
+        address and keys.  Owner-only; copy it only to hosts you trust."""
+        return self.adoption.connection_file()
 
-    def check_limit(self, n: int) -> None:
-        """Refuse ``n`` engines when it is above the configured maximum (PHALANX_MAX_ENGINES)."""
-        if n > self.max_engines:
-            raise ClusterError(f"{n} engines is above this cluster's limit of {self.max_engines} "
-                               "(set PHALANX_MAX_ENGINES to raise it)")
+    def adopt(self, slot_ids: list[str], timeout: float | None = None) -> list[EngineSlot]:
+        """Give the next ranks to engines phalanx did not start (in a container, a network
+        namespace, on a host no launcher reaches).  Each must run with ``PHALANX_SLOT=<id>``
+        (and, when the hostname does not tell it apart, ``PHALANX_HOST``/``PHALANX_ADDRESS``).
+
+        Example::
+
+            path = manager.engine_connection_file()
+            # there: PHALANX_SLOT=far-0 python -m ipyparallel.engine --file=PATH
+            manager.adopt(["far-0"])
+        """
+        self.adoption.adopt(slot_ids, timeout)
+        return self.slots()
+
+
+def _with_ip(options: LaunchOptions, controller_ip: str | None) -> LaunchOptions:
+    """``options`` with the controller's address set, where ``controller_ip`` gives one."""
+    return LaunchOptions(**{**vars(options), "ip": controller_ip}) if controller_ip else options

@@ -1,10 +1,11 @@
 """Waiting for new engines to register: match each to its slot, or say why it never will.
 
-Kept apart from :mod:`._manager` so the manager only decides what to start and stop.  Engines
-started as a group (MPI, SSH, batch jobs) are pinned to their host's devices here too.  A start
-ends in one of three ways: every slot's engine answered the probe; an engine set died or its
-launcher knows it will not come (a batch job that ended, or stays pending past the timeout);
-or the timeout passed.  The error names the set and ends with the tail of its log.
+Used by :class:`~._engines.EngineStarter`; reads and fills the slots of the shared
+:class:`~._state.ClusterState`.  Engines started as a group (MPI, SSH, batch jobs) are pinned to
+their host's devices here too.  A start ends in one of three ways: every slot's engine answered
+the probe; an engine set died or its launcher knows it will not come (a batch job that ended, or
+stays pending past the timeout); or the timeout passed.  The error names the set and ends with
+the tail of its log.
 """
 
 from __future__ import annotations
@@ -13,22 +14,24 @@ import time
 from typing import Any
 
 from ._errors import ClusterError
-from ._launchers import Launcher, log_tail
+from ._launchers import log_tail
 from ._gpus import assign_devices
 from ._locality import host_label, is_local
 from ._probe import identify_engine, pin_engine
+from ._state import ClusterState
 
 
-def await_registration(manager: Any, slots: list, controller_ip: str) -> None:
-    """Wait until each of ``slots`` has an engine that answered the probe (or raise)."""
-    deadline = time.monotonic() + manager.timeout
+def await_registration(state: ClusterState, slots: list, timeout: float) -> None:
+    """Wait until each of ``slots`` has an engine that answered the probe within ``timeout``
+    seconds (or raise)."""
+    deadline = time.monotonic() + timeout
     pending = {s.slot_id: s for s in slots}
-    known = {s.engine_id for s in manager._slots.values() if s.engine_id is not None}
+    known = {s.engine_id for s in state.slots.values() if s.engine_id is not None}
     probed: set[int] = set()
     while pending:
-        check_sets(manager, slots, pending, waited_out=time.monotonic() > deadline)
-        for eid in [e for e in manager.client.ids if e not in known and e not in probed]:
-            info = probe(manager, eid, controller_ip, deadline)
+        check_sets(state, slots, pending, timeout, waited_out=time.monotonic() > deadline)
+        for eid in [e for e in state.client.ids if e not in known and e not in probed]:
+            info = probe(state, eid, timeout, deadline)
             probed.add(eid)
             slot = match(info, pending)
             if slot is not None:
@@ -39,19 +42,19 @@ def await_registration(manager: Any, slots: list, controller_ip: str) -> None:
         time.sleep(0.05)
 
 
-def probe(manager: Any, eid: int, controller_ip: str, deadline: float) -> dict:
+def probe(state: ClusterState, eid: int, timeout: float, deadline: float) -> dict:
     """What a newly registered engine says about itself, by the start's deadline: an engine
     that registered but never answers (wedged, or gone without the controller noticing yet),
     or died before it answered, fails the start with its name instead of leaving it waiting
     for ever or raising ipyparallel's own error."""
     from ipyparallel import error
 
-    answer = manager.client[eid].apply_async(identify_engine, controller_ip)
+    answer = state.client[eid].apply_async(identify_engine, state.controller_ip)
     try:
         return answer.get(timeout=max(1.0, deadline - time.monotonic()))
     except error.TimeoutError:
         raise ClusterError(f"engine {eid} registered with the controller but did not answer "
-                           f"within {manager.timeout:g} s, so it was stopped; start it again "
+                           f"within {timeout:g} s, so it was stopped; start it again "
                            "(%cluster start, scale or restart; a longer --timeout on a busy "
                            "machine)") from None
     except error.EngineError as exc:  # it died between registering and answering
@@ -59,31 +62,32 @@ def probe(manager: Any, eid: int, controller_ip: str, deadline: float) -> dict:
                            f"({exc}); start it again (%cluster start, scale or restart)") from None
 
 
-def pin_group(manager: Any, slots: list) -> None:
+def pin_group(state: ClusterState, slots: list) -> None:
     """Engines started together share one environment: pin each one after it registered,
     to a device of its own host (the host's devices as its engines reported them)."""
-    everyone = [s for s in manager.slots() if s not in slots] + slots
-    visible = {s.host: (manager._gpus if is_local(s) else s.info.get("gpus", [])) for s in everyone}
-    devices = assign_devices(manager.gpu_spec, [s.host for s in everyone], visible)
+    everyone = [s for s in state.in_rank_order() if s not in slots] + slots
+    visible = {s.host: (state.gpus if is_local(s) else s.info.get("gpus", [])) for s in everyone}
+    devices = assign_devices(state.gpu_spec, [s.host for s in everyone], visible)
     for slot, device in zip(slots, devices[len(everyone) - len(slots):]):
         slot.device = device
-        manager.client[slot.engine_id].apply_sync(pin_engine, slot.slot_id, device)
+        state.client[slot.engine_id].apply_sync(pin_engine, slot.slot_id, device)
 
 
-def check_sets(manager: Any, slots: list, pending: dict, waited_out: bool) -> None:
+def check_sets(state: ClusterState, slots: list, pending: dict, timeout: float,
+               waited_out: bool) -> None:
     """Raise when a pending slot's engine set died or will not register."""
     dead = [s for s in slots if s.state == "dead"]
     if dead:
-        raise ClusterError(failure(manager, dead[0], "exited before registering"))
-    launcher: Launcher = manager._launcher
+        raise ClusterError(failure(state, dead[0], "exited before registering"))
+    launcher = state.launcher
     for set_id in {s.engine_set_id for s in pending.values()}:
-        engine_set = manager._cluster.engines.get(set_id) if manager._cluster else None
+        engine_set = state.cluster.engines.get(set_id) if state.cluster else None
         why = launcher.set_failure(engine_set, waited_out) if engine_set is not None else None
         if why:
             raise ClusterError(f"{why}.\n{output_tail(engine_set)}")
     if waited_out:
-        raise ClusterError(failure(manager, next(iter(pending.values())),
-                                   f"did not register within {manager.timeout:g} s"))
+        raise ClusterError(failure(state, next(iter(pending.values())),
+                                   f"did not register within {timeout:g} s"))
 
 
 def match(info: dict, pending: dict) -> Any:
@@ -107,7 +111,7 @@ def output_tail(engine_set: Any) -> str:
     return f"Last lines of the engine log:\n{log_tail(output)}"
 
 
-def failure(manager: Any, slot: Any, what: str) -> str:
-    engine_set = manager._cluster.engines.get(slot.engine_set_id) if manager._cluster else None
-    name = manager._launcher.set_name(engine_set) if engine_set is not None else "engine(s)"
-    return f"{name} started by the {manager.launcher} launcher {what}.\n{output_tail(engine_set)}"
+def failure(state: ClusterState, slot: Any, what: str) -> str:
+    engine_set = state.cluster.engines.get(slot.engine_set_id) if state.cluster else None
+    name = state.launcher.set_name(engine_set) if engine_set is not None else "engine(s)"
+    return f"{name} started by the {state.launcher.name} launcher {what}.\n{output_tail(engine_set)}"

@@ -1,73 +1,105 @@
-"""The state the cluster manager's parts share, declared once.
+"""What the cluster manager's parts share: the engines' slots and ranks, and the running cluster.
 
-:class:`~._manager.ClusterManager` is assembled from mixins (:mod:`._engines` adds engines,
-:mod:`._reporting` reports on them and adopts engines started elsewhere) that work on the
-manager's attributes and call its methods.  :class:`ManagerState` says what those are, so that
-a reader of a mixin, and the type checker, know what ``self`` holds.  It only declares: the
-manager sets every attribute in its ``__init__``, and the methods below exist for the type
-checker only.
+:class:`~._manager.ClusterManager` is built from parts with one job each (:mod:`._engines` starts
+engines, :mod:`._stopping` stops them, :mod:`._replace` restarts them, :mod:`._exit_watch` hears of
+those that exit on their own, :mod:`._reporting` and :mod:`._adoption` report and take in).  Each
+part is handed one :class:`ClusterState`: the only place that state lives, so a part reads and
+changes it there, under :attr:`ClusterState.lock`, rather than in another part.
+
+Example::
+
+    >>> state = ClusterState(on_change=lambda: None, max_engines=4)
+    >>> state.running, state.size, state.launcher.name
+    (False, 0, 'local')
+    >>> state.register(EngineSlot("slot-0", "slot-0")).state  # known, not ranked yet
+    'starting'
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
+from ._errors import ClusterError
 from ._gpus import GpuSpec
+from ._launchers import Launcher, LaunchOptions, make_launcher
+from ._procs import is_adopted
 from ._ranks import EngineSlot, RankTable
 
 if TYPE_CHECKING:
-    from ._launchers import Launcher
     from ._loop import LoopThread
     from ._warden import Warden
-    from ._zygote_handle import ZygoteHandle
 
 
-class ManagerState:
-    """What :class:`~._manager.ClusterManager` holds and offers its mixins."""
+class ClusterState:
+    """The slots, ranks and handles of one manager's cluster (handles are ``None`` while none
+    runs).  ``on_change`` is called, from any thread, whenever engines come, go or change state.
+    """
 
-    _lock: threading.RLock
-    _slots: dict[str, EngineSlot]      # by slot id, ranked or not
-    _ranks: RankTable                  # slot ids in rank order
-    _ids: Iterator[int]                # numbers for new slot and engine-set ids
-    _cluster: Any                      # the ipyparallel Cluster while one runs, else None
-    _runner: LoopThread | None         # the event loop ipyparallel's coroutines run on
-    _launcher: Launcher
-    _warden: Warden | None
-    _zygote: ZygoteHandle | None         # the local CPU engines' fork server, where one runs
-    _forked_controller: Any            # the controller (psutil process) where the zygote forked it
-    _gpus: list[str]                   # this host's devices, as listed at start
-    _on_change: Callable[[], None]
-    client: Any                        # the ipyparallel Client while a cluster runs
-    launcher: str
-    controller_ip: str
-    gpu_spec: GpuSpec
-    timeout: float
-    generation: int
-    max_engines: int
+    def __init__(self, on_change: Callable[[], None], max_engines: int) -> None:
+        self.lock = threading.RLock()
+        self.on_change = on_change
+        self.max_engines = max_engines
+        self.slots: dict[str, EngineSlot] = {}   # by slot id, ranked or not (yet)
+        self.ranks = RankTable()                 # slot ids in rank order
+        self.ids = itertools.count()             # numbers for new slot and engine-set ids
+        self.generation = 0                      # bumped whenever the rank -> engine mapping changes
+        # what the last start chose
+        self.launcher: Launcher = make_launcher("local", LaunchOptions())
+        self.controller_ip = "127.0.0.1"
+        self.gpu_spec = GpuSpec("auto")
+        self.gpus: list[str] = []                # this host's devices, as listed at start
+        self.timeout = 60.0                      # how long engines may take to register
+        # the running cluster
+        self.cluster: Any = None                 # ipyparallel's Cluster
+        self.client: Any = None                  # ... and its Client
+        self.runner: LoopThread | None = None    # the event loop ipyparallel's coroutines run on
+        self.warden: Warden | None = None        # the cluster's watchdog process
+        self.forked_controller: Any = None       # the controller (psutil), where the zygote forked it
+        self.controller_exit: dict | None = None  # set when the controller stops on its own
 
-    if TYPE_CHECKING:  # defined by the manager and its mixins
-        @property
-        def size(self) -> int: ...
+    @property
+    def running(self) -> bool:
+        return self.cluster is not None
 
-        def slots(self) -> list[EngineSlot]: ...
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
 
-        def check_limit(self, n: int) -> None: ...
+    def in_rank_order(self) -> list[EngineSlot]:
+        """The ranked slots, rank 0 first."""
+        with self.lock:
+            return [self.slots[s] for s in self.ranks if s in self.slots]
 
-        def _require_running(self) -> None: ...
+    def require_running(self) -> None:
+        if not self.running:
+            raise ClusterError("no cluster is running: start one with %cluster start -n 2")
 
-        def _stop_sets(self, sets: set[str]) -> None: ...
+    def check_limit(self, n: int) -> None:
+        """Refuse ``n`` engines when it is above the configured maximum (PHALANX_MAX_ENGINES)."""
+        if n > self.max_engines:
+            raise ClusterError(f"{n} engines is above this cluster's limit of {self.max_engines} "
+                               "(set PHALANX_MAX_ENGINES to raise it)")
 
-        def _stop_slots(self, slot_ids: list[str]) -> list[str]: ...
+    def register(self, slot: EngineSlot) -> EngineSlot:
+        """Know ``slot`` (not ranked yet: it gets a rank once its engine answered)."""
+        with self.lock:
+            self.slots[slot.slot_id] = slot
+        return slot
 
-        def _add_engines(self, count: int, replacing: list[str] | None = None,
-                         hosts: dict[str, int] | None = None) -> None: ...
+    def forget(self, slot_ids: Iterable[str]) -> None:
+        """Drop unranked slots (a start that failed)."""
+        with self.lock:
+            for slot_id in slot_ids:
+                self.slots.pop(slot_id, None)
 
-        def _await_gone(self, sets: list) -> None: ...
+    def group_of(self, slot_ids: list[str]) -> list[str]:
+        """Every slot started in the same engine sets as ``slot_ids``."""
+        sets = {self.slots[s].engine_set_id for s in slot_ids}
+        return [s for s in self.slots if self.slots[s].engine_set_id in sets]
 
-        def _register_slot(self, slot: EngineSlot) -> EngineSlot: ...
-
-        def _rank_new(self, new_slots: list[EngineSlot],
-                      replacing: list[str] | None = None) -> None: ...
-
-        def _await_registration(self, slots: list[EngineSlot]) -> None: ...
+    def asks_to_exit(self, slot: EngineSlot) -> bool:
+        """Engines asked to exit over ipyparallel before their launcher stops them: those
+        phalanx did not start, and those whose launcher is slow to stop them (SSH)."""
+        return is_adopted(slot) or self.launcher.ask_engines_to_exit
