@@ -11,6 +11,7 @@ SECTIONS = [
     ("allreduce", "bench_allreduce.py"),
     ("throughput", "bench_throughput.py"),
     ("metrics", "bench_metrics.py"),
+    ("trackers", "bench_trackers.py"),
     ("history", "bench_history.py"),
     ("network", "bench_network.py"),
     ("cluster_start", "bench_start.py"),

@@ -157,6 +157,12 @@ class PhalanxMagics(Magics):
     @argument("--keep-history", default=None,
               help="DIR: keep the run's complete metric history there (default: removed with "
                    "the kernel's temporary data)")
+    @argument("--tensorboard", default=None, metavar="DIR",
+              help="write every rank's metrics, the options and the summary as TensorBoard "
+                   "event files in DIR/<name>-<run id> while the run goes on")
+    @argument("--mlflow", default=None, metavar="URI",
+              help="the same as an MLflow run (experiment 'phalanx'); a path or file: URI is "
+                   "MLflow's file store, no server needed")
     @argument("--uneven", default=T.DEFAULT_UNEVEN,
               help=" | ".join(T.UNEVEN) + ": ranks that run out of data early answer the others, "
                    "or fail")
@@ -195,6 +201,7 @@ class PhalanxMagics(Magics):
                                     checkpoint_dir=args.checkpoint_dir, resume=args.resume,
                                     max_restarts=args.max_restarts, uneven=args.uneven,
                                     keep_history=args.keep_history, profile=args.profile,
+                                    tensorboard=args.tensorboard, mlflow=args.mlflow,
                                     bucket_mb=args.bucket_mb, overlap=args.overlap,
                                     check_every=args.check_every)
             if args.background:

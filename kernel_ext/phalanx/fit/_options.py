@@ -21,6 +21,8 @@ from ._suggest import did_you_mean
 __all__ = ["FitOptions", "FitUsageError", "TrainOptions", "STRATEGIES", "BACKENDS", "UNEVEN",
            "OVERLAP"]
 
+_KEEP = "where each run's metric history is written (it is created if missing)"
+_BOARD = "for TensorBoard to read, where each run writes its own folder (created if missing)"
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
 
@@ -58,6 +60,8 @@ class FitOptions:
     resume: bool = False
     max_restarts: int = 0
     keep_history: str | None = None
+    tensorboard: str | None = None     # write the run as TensorBoard event files there
+    mlflow: str | None = None          # an MLflow tracking URI (a path: its file store)
     extra: dict = field(default_factory=dict)
 
     @classmethod
@@ -68,7 +72,8 @@ class FitOptions:
               timeout: Any = None, collective_timeout: Any = 60.0, name: str | None = None,
               widget: bool = True, checkpoint_every: Any = None, checkpoint_dir: str | None = None,
               resume: bool = False, max_restarts: Any = 0, uneven: str = DEFAULT_UNEVEN,
-              keep_history: str | None = None, profile: Any = None,
+              keep_history: str | None = None, tensorboard: str | None = None,
+              mlflow: str | None = None, profile: Any = None,
               bucket_mb: Any = DEFAULT_BUCKET_MB, overlap: str = DEFAULT_OVERLAP,
               check_every: Any = DEFAULT_CHECK_EVERY) -> "FitOptions":
         """Check every flag and return the options, or raise :class:`FitUsageError`."""
@@ -118,7 +123,10 @@ class FitOptions:
                    collective_timeout=float(collective_timeout), name=name, widget=widget,
                    checkpoint_every=None if checkpoint_every is None else int(checkpoint_every),
                    checkpoint_dir=checkpoint_dir or None, resume=bool(resume),
-                   max_restarts=int(max_restarts), keep_history=_keep_dir(keep_history))
+                   max_restarts=int(max_restarts),
+                   keep_history=_directory(keep_history, "--keep-history", _KEEP),
+                   tensorboard=_directory(tensorboard, "--tensorboard", _BOARD),
+                   mlflow=mlflow or None)
 
     @property
     def checkpointed(self) -> bool:
@@ -136,15 +144,14 @@ def _check_recovery(every: Any, directory: str | None, resume: bool, max_restart
         raise FitUsageError(f"--max-restarts must be a whole number of at least 0, got {max_restarts!r}")
 
 
-def _keep_dir(directory: str | None) -> str | None:
-    """``--keep-history DIR``: an existing directory, or one that can be made, never a file."""
+def _directory(directory: str | None, flag: str, purpose: str) -> str | None:
+    """A directory flag's value: an existing directory, or one that can be made, never a file."""
     import os
 
     if not directory:
         return None
     if os.path.exists(directory) and not os.path.isdir(directory):
-        raise FitUsageError(f"--keep-history {directory!r} is a file: give a directory where each "
-                            "run's metric history is written (it is created if missing)")
+        raise FitUsageError(f"{flag} {directory!r} is a file: give a directory {purpose}")
     return os.path.abspath(directory)
 
 

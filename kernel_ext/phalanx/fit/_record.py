@@ -69,6 +69,33 @@ class RunRecord:
             out["per_rank"] = self.digest.stats()
         return out
 
+    def export_tensorboard(self, directory: str) -> str:
+        """Write the run as TensorBoard event files in ``directory/<name>-<run id>``, as
+        ``--tensorboard`` does live (every rank's metrics, their mean, the options, summary and
+        manifest); returns that folder.  Needs ``pip install 'phalanx[tensorboard]'``.
+
+        Example: ``phalanx.last_run().export_tensorboard("runs")``, then ``tensorboard --logdir runs``
+        """
+        from ._export_live import export_record
+        from ._export_tensorboard import TensorBoardSink
+
+        sink = TensorBoardSink(directory)
+        export_record(self, sink)
+        return str(sink.path)
+
+    def export_mlflow(self, uri: str, experiment: str = "phalanx") -> str:
+        """Write the run to the MLflow tracking store ``uri`` (a path: MLflow's file store) as
+        ``--mlflow`` does live; returns MLflow's run id.  Needs ``pip install 'phalanx[mlflow]'``.
+
+        Example: ``phalanx.last_run().export_mlflow("mlruns")``
+        """
+        from ._export_live import export_record
+        from ._export_mlflow import MlflowSink
+
+        sink = MlflowSink(uri, experiment)
+        export_record(self, sink)
+        return str(sink.run_id)
+
     def final_metrics(self) -> dict[int, dict[str, float]]:
         """The last logged value of each metric, per rank."""
         return {rank: self.history.latest(rank) for rank in range(self.world_size)}

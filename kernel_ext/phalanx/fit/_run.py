@@ -29,6 +29,8 @@ from ._dispatch import Prepared, choose_backend, prepare
 from ._engine_cache import EngineSetCache
 from ._engine_calls import Undelivered, call_each, dispatch
 from ._errors import DistributedFitError, failure, restart_advice
+from ._export import option_params
+from ._export_live import open_live
 from ._kept import KeptNames
 from ._manifest import build_manifest, check_versions, engine_versions
 from ._options import FitOptions, FitUsageError
@@ -80,6 +82,7 @@ class FitRunner:
         tracker = RunTracker(run_id, len(slots), opts.steps, self._emit,
                              history_dir=self._history_dir(opts, run_id, name))
         job = Job(run_id, name, body, opts, user_ns, backend, lineage, tracker)
+        export = open_live(opts, tracker, name)  # --tensorboard, --mlflow (a missing package: here)
         self.rendezvous.receiver_for(slots).register(run_id, tracker.on_batch)
         self.recovery.run_started(job)  # before the run shows as active: a resize can find it
         self.active, self.active_name = tracker, job.name
@@ -88,9 +91,13 @@ class FitRunner:
             if on_start is not None:
                 on_start(tracker, job.name)
             tracker.start()
+            if export is not None:
+                export.start()
             return self._attempts(job, slots, prepared, versions)
         finally:
             tracker.stop()
+            if export is not None:  # every row is in: the rest, the summary, the manifest
+                export.finish(self.last if self.last and self.last.run_id == run_id else None)
             self.last_memory = tracker.memory.latest()  # each rank's figures as the run ended
             self.rendezvous.receiver_for(slots).unregister(run_id)
             self.active = self.active_name = None
@@ -239,6 +246,7 @@ class FitRunner:
         record.manifest["history"] = record.history_manifest()
         record.manifest["checkpoint"] = _checkpoint_manifest(job.lineage, results)
         record.manifest["changes"] = list(job.changes)
+        record.manifest["options"] = option_params(job.opts)
         if job.opts.train.profile and status == "done":
             record.profile = ProfileReport.from_results(results, job.name, slots)
             record.manifest["profile"] = os.path.basename(record.profile.path) if record.profile else None
@@ -310,17 +318,6 @@ class FitRunner:
                 for r in range(len(slots))]
 
 
-def _engine_set(slots: list) -> tuple[str, ...]:
-    """The identity of a set of engines, by rank (slot ids: a restarted engine is a new slot)."""
-    return tuple(s.slot_id for s in slots)
-
-
-def _exact_steps(tracker: RunTracker, results: dict[int, RankResult]) -> dict[int, int]:
-    steps = dict(tracker.steps)
-    for rank, res in results.items():  # the engines' own counts are exact
-        steps[rank] = max(steps.get(rank, 0), res.steps)
-    return steps
-
 def _bind_returns(user_ns: dict, values: dict) -> None:
     """Put what rank 0 returned in the notebook.  A sharded model comes back as its full
     state dict: loaded into the notebook's model of that name (its own object, as for any
@@ -338,6 +335,17 @@ def _bind_returns(user_ns: dict, values: dict) -> None:
                   f"notebook gets its full state dict (load it with model.load_state_dict({name}))",
                   file=sys.stderr)
 
+
+def _engine_set(slots: list) -> tuple[str, ...]:
+    """The identity of a set of engines, by rank (slot ids: a restarted engine is a new slot)."""
+    return tuple(s.slot_id for s in slots)
+
+
+def _exact_steps(tracker: RunTracker, results: dict[int, RankResult]) -> dict[int, int]:
+    steps = dict(tracker.steps)
+    for rank, res in results.items():  # the engines' own counts are exact
+        steps[rank] = max(steps.get(rank, 0), res.steps)
+    return steps
 
 
 def _checkpoint_manifest(lineage: Lineage | None, results: dict[int, RankResult]) -> dict | None:
