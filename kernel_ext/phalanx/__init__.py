@@ -29,7 +29,7 @@ from .runtime import allreduce, barrier, broadcast, bytes_sent, latest_metrics, 
 
 __all__ = ["log", "allreduce", "broadcast", "barrier", "wrap", "no_sync", "bytes_sent", "steps",
            "latest_metrics", "SyncStrategy", "param_values", "param_grads", "Communicator",
-           "last_run", "manifest",
+           "last_run", "manifest", "dask_client",
            "cluster_widget", "data_parallel", "get_session", "runs", "load_ipython_extension",
            "unload_ipython_extension"]
 
@@ -52,6 +52,19 @@ def get_session() -> Any:
 def last_run() -> Any:
     """The last ``%%distributed_fit`` run: status, wall time, per-rank steps, history, manifest."""
     return get_session().last_run()
+
+
+def dask_client() -> Any:
+    """The cluster's dask ``distributed.Client`` (workers inside the engines), dask's default
+    client while the cluster runs: ``xgboost.dask``, ``dask.array`` ... use it as they are.
+    It follows ``%cluster scale`` and ``restart`` and ends with the cluster.
+
+    Example::
+
+        client = phalanx.dask_client()
+        out = xgboost.dask.train(None, params, xgboost.dask.DaskDMatrix(client, X, y))
+    """
+    return get_session().dask_client()
 
 
 def runs() -> list:

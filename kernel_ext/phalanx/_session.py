@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterator
 
 from . import events
 from ._bus import EventBus
+from ._dask_client import UserDask
 from ._run_history import RunHistoryQueries
 from .cluster import ClusterError, ClusterManager, LaunchOptions, memory_mb, visible_gpus
 from .cluster._memory import add_engine_figures
@@ -70,6 +71,7 @@ class Session(RunHistoryQueries):
         self.events = EventBus()
         self.cluster = ClusterManager(on_change=self._cluster_changed, device_lister=device_lister)
         self.fits = FitRunner(self.cluster, self.events.emit)
+        self.user_dask = UserDask()  # phalanx.dask_client(): follows scale and restart
         self._profile_next: int | None = None  # the panel's Profile button, for the next run
 
     # --- what the views ask -------------------------------------------------------------------
@@ -150,18 +152,20 @@ class Session(RunHistoryQueries):
                                    f"is going: {exc}") from None
             self._cluster_changed()  # the views show what waits
             return self.status()
-        self._stop_dask()
+        self._stop_dask(resume=True)
         with self._changing():
             self.cluster.scale(n)
+        self.user_dask.resume(self.cluster)
         return self.status()
 
     @_serialised
     def restart(self, rank: int | None = None) -> EngineStatus:
         """Restart one rank or every engine (``%cluster restart [RANK]``)."""
         self._refuse_during_run("restart engines")
-        self._stop_dask()
+        self._stop_dask(resume=True)
         with self._changing():
             self.cluster.restart(rank)
+        self.user_dask.resume(self.cluster)
         return self.status()
 
     @_serialised
@@ -289,8 +293,20 @@ class Session(RunHistoryQueries):
             raise ClusterError("no cluster is running: start one with %cluster start -n 2")
         return node.fit(cluster=self.cluster, on_event=self.events.emit, **kwargs)
 
-    def _stop_dask(self) -> None:
-        """Dask workers live inside the engines: stop them before the engines change or go."""
+    @_serialised
+    def dask_client(self) -> Any:
+        """The cluster's dask client, dask's default (``phalanx.dask_client()``)."""
+        if not self.cluster.running:
+            raise ClusterError("no cluster is running: start one with %cluster start -n 2")
+        return self.user_dask.client(self.cluster)
+
+    def _stop_dask(self, resume: bool = False) -> None:
+        """Dask workers live inside the engines: stop them before the engines change or go
+        (``resume``: the person's client comes back after the change)."""
+        if resume:
+            self.user_dask.suspend()
+        else:
+            self.user_dask.close()
         if self.cluster.running:
             from .network import stop_dask
 

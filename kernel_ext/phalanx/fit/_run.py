@@ -40,6 +40,7 @@ from ._record import RunRecord
 from ._rendezvous import Rendezvous
 from ._tracker import RunTracker
 from ._waiter import Waiter
+from ._xgboost_tracker import xgboost_tracker
 
 log = logging.getLogger("phalanx")
 
@@ -211,12 +212,14 @@ class FitRunner:
         stashes = self.engines.stashes(slots, prepared.hashes, prepared.blobs)
         results: dict[int, RankResult] = {}
         try:  # a rank whose engine left before its task was sent fails like one that died in it
-            ars = [dispatch(self.cluster, s, run_cell, spec, blob, stash)
-                   for s, spec, blob, stash in zip(slots, specs, prepared.shard_blobs, stashes)]
-            self.engines.shipped([s for s, ar in zip(slots, ars) if not isinstance(ar, Undelivered)],
-                                 prepared.hashes)
-            status = Waiter(self.cluster, slots, ars, job.tracker, job.opts,
-                            self.control.pump).wait(results)
+            with xgboost_tracker(job.body, job.user_ns, slots, job.opts.collective_timeout) as xgb:
+                specs = [dataclasses.replace(s, xgboost=xgb) for s in specs] if xgb else specs
+                ars = [dispatch(self.cluster, s, run_cell, spec, blob, stash)
+                       for s, spec, blob, stash in zip(slots, specs, prepared.shard_blobs, stashes)]
+                self.engines.shipped([s for s, ar in zip(slots, ars)
+                                      if not isinstance(ar, Undelivered)], prepared.hashes)
+                status = Waiter(self.cluster, slots, ars, job.tracker, job.opts,
+                                self.control.pump).wait(results)
         except BaseException:
             self.engines.group_torn_down(slots)
             raise

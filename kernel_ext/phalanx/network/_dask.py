@@ -69,7 +69,7 @@ def dask_client(cluster: Any, timeout: float = 60.0, tls: bool | None = None,
         # A closed client with workers left behind: stop them, or a second worker would start
         # in each engine.
         _stop(ipp, cached)
-    targets = list(ipp.ids)
+    targets = _engine_ids(cluster, ipp)
     if not targets:
         raise RuntimeError("the cluster has no engines to run dask workers on")
     remote = _engines_elsewhere(cluster, ipp, targets)
@@ -146,6 +146,16 @@ def _start(ipp: Any, targets: list[int], remote: str | None, tls: bool,
         scheduler.close()
         scratch.remove()
         raise
+
+
+def _engine_ids(cluster: Any, ipp: Any) -> list[int]:
+    """The engines to run workers in: the session's live engines where it knows them
+    (ipyparallel's own list still holds an engine a scale just removed), else every one."""
+    slots = getattr(cluster, "slots", None)
+    if callable(slots):
+        return [s.engine_id for s in slots()
+                if s.engine_id is not None and s.state not in ("dead", "stopping")]
+    return list(ipp.ids)
 
 
 def _engines_elsewhere(cluster: Any, ipp: Any, targets: list[int]) -> str | None:

@@ -325,6 +325,7 @@ def _install_hooks(run: RunContext, namespace: dict, shard: tuple[str, ...]) -> 
     from ._estimators import install_estimator_sync, patch_namespace_estimators
     from ._framework_logs import watch_framework_logs
     from ._hooks import StepHooks, attach_existing_optimizers
+    from ._xgboost_world import watch_xgboost
 
     hooks = StepHooks(run)
     hooks.install()
@@ -333,6 +334,7 @@ def _install_hooks(run: RunContext, namespace: dict, shard: tuple[str, ...]) -> 
     patch_namespace_estimators(run, namespace)
     run.extra_cleanup.append(watch_framework_logs(run))
     run.extra_cleanup.append(watch_double_split(run.rank, shard, namespace))
+    run.extra_cleanup.append(watch_xgboost(run))
     return hooks
 
 

@@ -76,6 +76,9 @@ class RunSpec:
     kept: tuple[str, ...] = ()         # names this engine keeps from earlier runs (``--keep``)
     checkpoint: CheckpointSpec | None = None
     memory_interval_s: float = 1.0     # memory samples this often (0: off)
+    # XGBoost's communicator for this attempt ((name, value) pairs: the kernel's tracker, the
+    # collective timeout); empty when the cell does not use xgboost (see _xgboost_world)
+    xgboost: tuple[tuple[str, str | int], ...] = ()
 
 
 class Outcome(enum.Enum):
