@@ -1,6 +1,6 @@
 """An outside peer on the cluster's network: tries every port it is given and reports what it got.
 
-Run in a network namespace that holds no engine (``test_reliability_outsider.py``) as
+Run in a network namespace that holds no engine (``test_reliability_netns.py``) as
 ``python rendezvous_probe.py '<json>'`` with ``{"ip", "ports", "store_port", "metric_port",
 "server_public", "metric_public", "flag"}``.  It knows what anyone on the network could learn
 (addresses, ports, a CURVE server's public key) and none of the cluster's secrets - except that
@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import socket
 import sys
 import time
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 
 import zmq
@@ -147,8 +149,17 @@ def main(args: dict) -> dict:
 
 if __name__ == "__main__":
     arguments = json.loads(sys.argv[1])
+    code = 0
     try:
-        result = main(arguments)
+        print(json.dumps(main(arguments)))
+    except BaseException:
+        traceback.print_exc()
+        code = 1
     finally:
         open(arguments["flag"], "w").close()
-    print(json.dumps(result))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # Without the exit handlers: a client the probe left half-open (a torch store client, a
+        # ZeroMQ socket of a refused handshake) would make the interpreter's exit wait on it,
+        # and the report is already out.
+        os._exit(code)

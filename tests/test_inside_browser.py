@@ -28,12 +28,12 @@ pytestmark = [pytest.mark.browser, pytest.mark.cluster, pytest.mark.slow]
 
 CELLS = [
     "%load_ext phalanx\n%cluster start -n 2 --gpus none",
-    """%%distributed_fit --steps 8 --name inside-run --no-widget
+    """%%distributed_fit --steps 40 --name inside-run --no-widget
 import time, torch
 from phalanx import log
 net = torch.nn.Linear(32, 1)
 opt = torch.optim.SGD(net.parameters(), lr=0.01)
-for _ in range(8):
+for _ in range(40):                # 6 s of steps: a slow mark needs 5 s of evidence
     if rank == 1:
         time.sleep(0.15)          # a slow data loader on rank 1 only
     x = torch.randn(64, 32)

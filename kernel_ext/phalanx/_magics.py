@@ -128,6 +128,9 @@ class PhalanxMagics(Magics):
             _display(_table(session.restart(rank)))
         elif action == "stop":
             print("cluster stopped" if session.stop_cluster() else "no cluster is running")
+            if session.cluster.still_exiting:  # a host that could not be reached
+                print("these engine processes could not be checked or ended; they exit by "
+                      "themselves without the controller: " + "; ".join(session.cluster.still_exiting))
 
     @magic_arguments()
     @argument("target", nargs="?", default=None, help="(line form) a learning-network node to fit")
