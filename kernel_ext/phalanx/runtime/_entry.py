@@ -25,8 +25,9 @@ from ._hooks import finish_uneven
 from ._interrupts import InterruptGate
 from ._memory import collect_cuda_garbage
 from ._resume import StopForResize, make_checkpointer
-from ._fit_mode import Replicated, mode_for
+from ._fit_mode import mode_for
 from ._kept import keep, put_kept
+from ._returns import returned, returned_so_far
 from ._run_children import end_children_since
 from ._seam import CELL_FILENAME, Outcome, RankResult, RunSpec
 from ._state import RunContext, engine_state
@@ -106,9 +107,8 @@ def _run_cell(spec: RunSpec, shard_blobs: dict[str, bytes] | None, gate: Interru
         _cleanup(run, hooks)
         hooks = None
         kept = keep(state, spec.train.keep, namespace)
-        payload = _returns(spec, namespace)
         return RankResult(Outcome.OK, kept=kept, steps=run.progress, wall_s=time.time() - started,
-                          returns=_dump_returns(payload, sent) if payload is not None else None,
+                          returns=returned(spec, namespace, sent),
                           held=mode_for(namespace, spec.train.mode).held_bytes(namespace),
                           profile=profiler.result() if profiler is not None else None,
                           **_progress(run))
@@ -134,7 +134,7 @@ def _run_cell(spec: RunSpec, shard_blobs: dict[str, bytes] | None, gate: Interru
         if outcome is Outcome.INTERRUPTED and namespace is not None:
             # Stop or an interrupt: --return brings back what was trained so far, as a plain
             # loop interrupted in the notebook keeps its model
-            failure = replace(failure, returns=_returns_so_far(spec, namespace, sent))
+            failure = replace(failure, returns=returned_so_far(spec, namespace, sent))
         return replace(failure, wall_s=time.time() - started)
     finally:
         if profiler is not None:
@@ -357,34 +357,6 @@ def _compile(body: str) -> Any:
     # Registering the source lets tracebacks show the user's lines.
     linecache.cache[CELL_FILENAME] = (len(body), None, body.splitlines(True), CELL_FILENAME)
     return compile(body, CELL_FILENAME, "exec")
-
-
-def _returns(spec: RunSpec, namespace: dict) -> dict | None:
-    """What this rank sends back for ``--return`` (the run's fit mode knows whose copy)."""
-    return mode_for(namespace, spec.train.mode).returned(spec.rank, namespace, spec.train.returns)
-
-
-def _returns_so_far(spec: RunSpec, namespace: dict, sent: Any) -> bytes | None:
-    """This rank's ``--return`` names as they are now (those the cell has defined), or None.
-    A sharded model is not among them: gathering it needs every rank, and the stop released
-    them (it stays on the engines with ``--keep``)."""
-    from ._sharded import is_sharded
-
-    names = [n for n in spec.train.returns if n in namespace and not is_sharded(namespace[n])]
-    try:
-        payload = Replicated().returned(spec.rank, namespace, names)
-        return _dump_returns(payload, sent or {}) if payload else None
-    except Exception as exc:  # the stop's own report matters more than a partial return
-        log.warning("phalanx: --return after the stop failed: %s", exc)
-        return None
-
-
-def _dump_returns(payload: dict, sent: dict) -> bytes:
-    """What rank 0 returns; objects the notebook sent (``sent``: their origins) go back as the
-    notebook's own, with their new state (see :mod:`._graph_pickle`)."""
-    from ._graph_pickle import dumps_returns
-
-    return dumps_returns(payload, sent)
 
 
 def _poison_group(state: Any, exc: BaseException) -> None:

@@ -1,0 +1,48 @@
+"""What a rank sends back for ``--return``: at the end of a run, or as far as it got when stopped.
+
+The run's fit mode says whose copy goes back (replicated: rank 0's; sharded: a full state dict
+every rank helps gather).  Objects the notebook sent go back as the notebook's own, with their
+new state (see :mod:`._graph_pickle`).
+
+Example (the engine runtime, at the end of a run)::
+
+    result = RankResult(Outcome.OK, returns=returned(spec, namespace, sent))
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ._fit_mode import Replicated, mode_for
+from ._seam import RunSpec
+
+log = logging.getLogger("phalanx")
+
+
+def returned(spec: RunSpec, namespace: dict, sent: Any) -> bytes | None:
+    """This rank's ``--return`` values, pickled (None on ranks that send nothing)."""
+    payload = mode_for(namespace, spec.train.mode).returned(spec.rank, namespace,
+                                                             spec.train.returns)
+    return _dumps(payload, sent) if payload is not None else None
+
+
+def returned_so_far(spec: RunSpec, namespace: dict, sent: Any) -> bytes | None:
+    """This rank's ``--return`` names as they are now (those the cell has defined), or None.
+    A sharded model is not among them: gathering it needs every rank, and the stop released
+    them (it stays on the engines with ``--keep``)."""
+    from ._sharded import is_sharded
+
+    names = [n for n in spec.train.returns if n in namespace and not is_sharded(namespace[n])]
+    try:
+        payload = Replicated().returned(spec.rank, namespace, names)
+        return _dumps(payload, sent or {}) if payload else None
+    except Exception as exc:  # the stop's own report matters more than a partial return
+        log.warning("phalanx: --return after the stop failed: %s", exc)
+        return None
+
+
+def _dumps(payload: dict, sent: dict) -> bytes:
+    from ._graph_pickle import dumps_returns
+
+    return dumps_returns(payload, sent)
