@@ -234,6 +234,7 @@ allreduce(np.ones(4))   # rank 0 waits here for a partner that never comes
     message = str(info.value)
     assert "rank 1" in message and "ValueError: bad batch on the second rank" in message
     assert "host" in message and info.value.rank == 1
+    assert fit.last_run().failed_rank == 1   # the views redden this rank only
     assert elapsed < 10, elapsed
     _assert_next_run_works(shell, fit)
 

@@ -407,3 +407,18 @@ def test_the_counters_and_elapsed_time_move_every_second_while_the_chart_waits_i
     assert view.plot.points("loss", 0) == 1            # the chart waited for the budget
     view.finish(fake_record("r-1", steps={0: 51, 1: 51}))
     assert view.plot.points("loss", 0) == 51           # and lost nothing
+
+
+def test_a_failed_run_reddens_only_the_rank_at_fault():
+    """The rank the error names is red; the ranks it released are amber, not failed too."""
+    from phalanx.widgets._run_view import RunView
+
+    view = RunView("r-9", "run-9", world_size=3, total_steps=None)
+    view.handle(progress_event("r-9", [rank_progress(r, 4) for r in range(3)]))
+    record = fake_record("r-9", steps={0: 4, 1: 3, 2: 4}, status="failed")
+    record.failed_rank = 1
+    view.finish(record)
+    assert [b.bar_style for b in view.progress.bars] == ["warning", "danger", "warning"]
+    done = RunView("r-10", "run-10", world_size=2, total_steps=None)
+    done.finish(fake_record("r-10", steps={0: 4, 1: 4}, status="done"))
+    assert {b.bar_style for b in done.progress.bars} == {"success"}

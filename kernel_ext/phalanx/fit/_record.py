@@ -40,6 +40,8 @@ class RunRecord:
     # Each rank's bytes of the cell's parameters, gradients and optimizer state at the end, as
     # the run's fit mode counts them (replicated: every rank the whole model)
     held: dict[int, dict[str, int]] = field(default_factory=dict)
+    # The rank at fault when the run failed (the one the error names first), else None
+    failed_rank: int | None = None
 
     @property
     def history_path(self) -> str | None:

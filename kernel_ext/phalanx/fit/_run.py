@@ -192,7 +192,8 @@ class FitRunner:
                 error.args = (f"{job.name} was stopped ({self.control.stopped_by}): {error.args[0]}",)
             first_error = first_error or error
             if status != "failed" or error.rank is None or restarts >= job.opts.max_restarts:
-                self._record(job, slots, results, status, versions, prepared)
+                self._record(job, slots, results, status, versions, prepared).failed_rank = \
+                    error.rank
                 final = _final(first_error, error, restarts)
                 if job.opts.train.returns:
                     final.args = (final.args[0] + _what_came_back(status, results,

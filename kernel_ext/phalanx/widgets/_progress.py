@@ -135,9 +135,11 @@ class ProgressPanel:
     def _progress(self, rank: int) -> Mapping[str, Any]:
         return self._last.get(rank, {"rank": rank, "step": 0, "total": self.total_steps})
 
-    def finish(self, steps: Mapping[int, int], status: str) -> None:
+    def finish(self, steps: Mapping[int, int], status: str, failed_rank: int | None = None) -> None:
         """Final counts (the engines' own) and a colour for how the run ended; the bars show
-        again, filled towards the total if the run kept to it, else towards the leading rank."""
+        again, filled towards the total if the run kept to it, else towards the leading rank.
+        A failed run's rank at fault is red, the ranks it released amber: one rank failed, not
+        every one."""
         counted = max([*steps.values(), 0])
         top = self.total_steps if self.total_steps and counted <= self.total_steps else counted
         self._shared["bar"].display = ""
@@ -146,6 +148,8 @@ class ProgressPanel:
                 bar.max = max(top, steps.get(rank, 0), 1)
                 bar.value = int(steps.get(rank, bar.value))
                 bar.bar_style = _FINAL_STYLE.get(status, "info")
+                if status == "failed" and failed_rank is not None and rank != failed_rank:
+                    bar.bar_style = "warning"
             last = self._progress(rank)
             final = {**last, "step": int(steps.get(rank, last["step"])), "eta_s": None,
                      "straggler": False}

@@ -176,7 +176,8 @@ class RunView:
                 self.plot.extend(last)
             if record is not None:
                 self._status, self._wall = record.status, record.wall_s
-                self.progress.finish(record.steps, record.status)
+                self.progress.finish(record.steps, record.status,
+                                     getattr(record, "failed_rank", None))
             elif self._status == "running":
                 self._status = "stopped"
             self.stop_button.layout.display = "none"
