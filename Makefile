@@ -71,7 +71,7 @@ chromium:
 # tests/test_lab.py runs this very line, read through `make -s lab-command`.  It opens a working
 # copy of notebooks/ in LAB_DIR (ignored by git, copied where it lacks a file): the tracked
 # notebooks keep their saved outputs, and a person's edits survive the next `make lab`.
-LAB_DIR ?= work/notebooks
+LAB_DIR ?= lab-notebooks
 LAB := $(PY) scripts/lab.py --work-dir $(LAB_DIR) notebooks/01-quickstart.ipynb
 
 # Real daemons for the Slurm and SSH launcher tests (tests skip, saying why, where they cannot run).

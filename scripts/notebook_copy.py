@@ -6,7 +6,7 @@ timings) belongs in a copy git ignores.  A file is copied only where the copy la
 survive the next ``make lab`` and a notebook added upstream still arrives.  Copied notebooks
 start without outputs: the saved ones were made on another machine.
 
-    python scripts/notebook_copy.py notebooks work/notebooks
+    python scripts/notebook_copy.py notebooks lab-notebooks
 """
 
 from __future__ import annotations

@@ -120,6 +120,10 @@ class Sharded(Replicated):
         collective); rank 0 sends the full state dicts and the other names' values."""
         from ._sharded import full_state_dict, is_sharded
 
+        names = tuple(names)
+        missing = [n for n in names if n not in namespace]
+        if missing:  # said on every rank alike, before any gather some rank would not join
+            raise NameError(f"--return {missing[0]}: the cell did not define {missing[0]!r}")
         out = {}
         for name in names:
             value = namespace.get(name)
