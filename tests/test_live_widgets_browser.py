@@ -131,7 +131,7 @@ def _widget_plus_grows_elastic_run(page, widget) -> None:
     assert _running(page, ELASTIC), "the cluster grew only after the run"
     run = _output(page, ELASTIC)
     run.locator(".widget-hprogress").nth(2).wait_for(timeout=CLUSTER_TIMEOUT_MS)
-    assert "3 rank(s)" in run.inner_text()
+    run.get_by_text("3 rank(s)").first.wait_for(timeout=10_000)  # header and rows are two widgets
     assert _running(page, ELASTIC)
     screenshot(page, "phalanx-widgets-live-grown.png")
 

@@ -268,6 +268,9 @@ class RunView:
             self._ranks = list(latest[0]["ranks"])
             if self._ranks and len(self._ranks) != self.world_size:  # an elastic run resized
                 self.world_size = self.series.world_size = len(self._ranks)
+                # The header first: the browser applies widget updates in the order sent, so
+                # no row for a new rank shows under a header that still counts the old world.
+                self._show_header()
                 self.progress.show_ranks(self.world_size)
             self.progress.update(self._ranks)
             self._hint_if_silent()
