@@ -198,12 +198,12 @@ def test_an_engine_dying_in_the_version_check_names_the_rank(ready, shell, monke
     _next_run_works(shell, ready)
 
 
-def commits_or_die(victim_pid, key, directory, rank):
-    from phalanx.runtime._checkpoint import held_commits
+def commits_or_die(victim_pid, key, directory, scratch, rank):
+    from phalanx.runtime._resume import held_commits
 
     if os.getpid() == victim_pid:
         os.kill(os.getpid(), signal.SIGKILL)
-    return held_commits(key, directory, rank)
+    return held_commits(key, directory, scratch, rank)
 
 
 LOOP = """%%distributed_fit --checkpoint-every 5 --max-restarts 1

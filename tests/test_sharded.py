@@ -88,3 +88,108 @@ def test_returning_a_sharded_models_optimizer_is_refused_with_the_way_out(two_en
         run_cell(shell, "%%distributed_fit --no-widget --return opt\n"
                         "from phalanx import wrap\nmodel = wrap(model, shard=True)\n"
                         "opt = torch.optim.SGD(model.parameters(), lr=0.05)\n")
+
+
+# A small transformer: two encoder blocks (each its own FSDP unit) and a head.  48 sequences
+# split evenly on 1, 2 or 3 ranks, so the averaged gradient is the full batch's on any of them.
+ENCODER = """
+import os, signal
+import torch
+
+
+class Encoder(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([torch.nn.TransformerEncoderLayer(
+            d_model=8, nhead=2, dim_feedforward=16, dropout=0.0, batch_first=True)
+            for _ in range(2)])
+        self.head = torch.nn.Linear(8, 1)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x.mean(dim=1)).squeeze(1)
+
+
+def fault(rank, step):
+    pass
+
+
+torch.manual_seed(0)
+S = torch.randn(48, 4, 8)
+t = S.sum(dim=(1, 2)) * 0.05
+net = Encoder()
+"""
+
+ENCODER_LOOP = """
+from phalanx import wrap
+from phalanx.runtime import steps
+net = wrap(net, shard=True)
+opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+for step in steps(TOTAL):
+    opt.zero_grad()
+    ((net(S) - t) ** 2).mean().backward()
+    opt.step()
+    fault(rank, step)
+"""
+
+
+def _encoder_reference(start: dict, ns: dict, steps: int) -> np.ndarray:
+    net = ns["Encoder"]()
+    net.load_state_dict(start)
+    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    for _ in range(steps):
+        opt.zero_grad()
+        ((net(ns["S"]) - ns["t"]) ** 2).mean().backward()
+        opt.step()
+    return _flat(net)
+
+
+def _fit_encoder(shell, total: int, flags: str) -> None:
+    run_cell(shell, f"%%distributed_fit --no-widget --shard S,t --return net {flags}\n"
+                    f"TOTAL = {total}\n" + ENCODER_LOOP)
+
+
+@pytest.fixture
+def encoder_start(two_engines, shell) -> dict:
+    """The notebook's fresh encoder's state, before any run."""
+    run_cell(shell, ENCODER)
+    return {k: v.clone() for k, v in shell.user_ns["net"].state_dict().items()}
+
+
+def test_a_sharded_commit_resumes_resharded_on_three_ranks_and_on_one(
+        encoder_start, shell, tmp_path, capsys):
+    ns, start = shell.user_ns, encoder_start
+    folder = tmp_path / "ckpt"
+    _fit_encoder(shell, 4, f"--checkpoint-every 2 --checkpoint-dir {folder}")
+    np.testing.assert_allclose(_flat(ns["net"]), _encoder_reference(start, ns, 4), atol=1e-5)
+    lineage = next(p for p in folder.iterdir() if p.is_dir())
+    assert sorted(p.name for p in (lineage / "sharded").iterdir()) == ["step-2", "step-4"]
+    assert len(list((lineage / "sharded" / "step-4").glob("*.distcp"))) == 2  # a file a rank
+
+    run_cell(shell, "%cluster scale 3")
+    _fit_encoder(shell, 8, f"--resume --checkpoint-dir {folder}")
+    assert "at step 4 (3 rank(s) from the sharded commit)" in capsys.readouterr().out
+    np.testing.assert_allclose(_flat(ns["net"]), _encoder_reference(start, ns, 8), atol=1e-5)
+    assert sorted(p.name for p in (lineage / "sharded").iterdir()) == ["step-6", "step-8"]
+
+    run_cell(shell, "%cluster scale 1")
+    _fit_encoder(shell, 10, f"--resume --checkpoint-dir {folder}")
+    assert "at step 8 (1 rank(s) from the sharded commit)" in capsys.readouterr().out
+    np.testing.assert_allclose(_flat(ns["net"]), _encoder_reference(start, ns, 10), atol=1e-5)
+
+
+def test_a_killed_rank_of_a_sharded_run_is_restarted_and_resumes_exactly(
+        encoder_start, shell, tmp_path, capsys):
+    ns, start = shell.user_ns, encoder_start
+    marker = tmp_path / "killed"
+    run_cell(shell, f"""
+def fault(rank, step):
+    if rank == 1 and step == 5 and not os.path.exists({str(marker)!r}):
+        open({str(marker)!r}, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+""")
+    _fit_encoder(shell, 8, "--checkpoint-every 2 --max-restarts 1")  # commits in the kernel's folder
+    assert marker.exists()
+    assert "at step 4 (2 rank(s) from the sharded commit)" in capsys.readouterr().out
+    np.testing.assert_allclose(_flat(ns["net"]), _encoder_reference(start, ns, 8), atol=1e-5)

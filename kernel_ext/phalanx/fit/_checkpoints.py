@@ -90,10 +90,19 @@ def choose_lineage(opts, last: Lineage | None, new_key: str, world_size: int) ->
 def plan_resume(held: list[dict]) -> ResumePlan | None:
     """The newest step every rank can load, and from where; ``None`` when there is none.
 
-    ``held[r]`` is ``{"memory": [steps], "disk": [steps]}`` as rank ``r`` reported it.
+    ``held[r]`` is ``{"memory": [steps], "disk": [steps], "sharded": [steps]}`` as rank ``r``
+    reported it.  A sharded commit is one folder every rank reads: usable when every rank sees
+    it complete.
+
+    >>> plan_resume([{"memory": [], "disk": [], "sharded": [4, 6]}] * 3)
+    ResumePlan(step=6, sources=('sharded', 'sharded', 'sharded'), src=None)
     """
-    anywhere = {s for h in held for s in h["memory"] + h["disk"]}
+    anywhere = {s for h in held for s in h["memory"] + h["disk"] + h.get("sharded", [])}
     for step in sorted(anywhere, reverse=True):
+        if all(step in h.get("sharded", ()) for h in held):
+            return ResumePlan(step, ("sharded",) * len(held))
+        if not any(step in h["memory"] + h["disk"] for h in held):
+            continue  # a sharded commit some rank cannot read
         sources = [_source(step, h) for h in held]
         if "peer" in sources:  # a rank holding it sends it: from memory if any has it
             src = next((r for r, h in enumerate(held) if step in h["memory"]), None)

@@ -126,7 +126,7 @@ class Recovery:
         lineage = job.lineage
         assert lineage is not None
         held = call_each(self.cluster, slots, held_commits, lineage.key, lineage.directory,
-                         what="resuming (asking which commits it holds)", timeout=30,
+                         self.commit_scratch(job), what="resuming (asking which commits it holds)", timeout=30,
                          with_rank=True)
         plan = plan_resume(held)
         step = plan.step if plan else 0
@@ -197,6 +197,14 @@ class Recovery:
             return None
         return os.path.join(self._rendezvous.directory, f"{job.lineage.key}.resize")
 
+    def commit_scratch(self, job: Job) -> str | None:
+        """Where ``job``'s sharded commits go without ``--checkpoint-dir``: a folder of the
+        kernel's private rendezvous directory, which engines on its host share; None when an
+        engine is on another host (it could not read the other ranks' shards there)."""
+        if job.lineage is None or not all(is_local(s) for s in self.cluster.slots()):
+            return None
+        return os.path.join(self._rendezvous.directory, "commits")
+
     def _clear_control(self, job: Job) -> None:
         path = self.control_path(job)
         if path and os.path.exists(path):
@@ -204,6 +212,8 @@ class Recovery:
 
 
 def _describe_sources(plan: ResumePlan) -> str:
+    if set(plan.sources) == {"sharded"}:
+        return f"{len(plan.sources)} rank(s) from the sharded commit"
     parts = []
     for rank, source in enumerate(plan.sources):
         parts.append(f"rank {rank} from rank {plan.src}'s memory" if source == "peer"

@@ -304,7 +304,8 @@ class FitRunner:
         checkpoint = None
         if job.lineage is not None:
             checkpoint = CheckpointSpec(job.lineage.key, job.lineage.every, job.lineage.directory,
-                                        resume=plan, control=self.recovery.control_path(job))
+                                        resume=plan, control=self.recovery.control_path(job),
+                                        scratch=self.recovery.commit_scratch(job))
         return [RunSpec(run_id=job.run_id, rank=r, world_size=len(slots), body=job.body,
                         names=tuple(sorted(prepared.blobs)),
                         group=GroupSpec(key=key, rank=r, world_size=len(slots), store=store,

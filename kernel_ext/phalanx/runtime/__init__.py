@@ -62,7 +62,7 @@ from ._seam import RunSpec as RunSpec
 from ._state import NotInRunError, current_run
 
 if TYPE_CHECKING:  # loaded on first use (below); named here for type checkers
-    from ._checkpoint import held_commits as held_commits
+    from ._resume import held_commits as held_commits
     from ._entry import cached_hashes as cached_hashes
     from ._entry import run_cell as run_cell
     from ._sync import SyncStrategy as SyncStrategy
@@ -78,7 +78,7 @@ __all__ = ["log", "allreduce", "broadcast", "barrier", "wrap", "no_sync", "bytes
 _STRATEGY_API = {"SyncStrategy": "._sync", "param_values": "._sync", "param_grads": "._sync",
                  "Communicator": ".transport._comm"}
 # What the kernel calls on an engine, loaded on first use like the strategy API.
-_ENGINE_CALLS = {"run_cell": "._entry", "cached_hashes": "._entry", "held_commits": "._checkpoint"}
+_ENGINE_CALLS = {"run_cell": "._entry", "cached_hashes": "._entry", "held_commits": "._resume"}
 
 
 def __getattr__(name: str) -> object:

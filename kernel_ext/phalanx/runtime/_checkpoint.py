@@ -25,7 +25,6 @@ import re
 from typing import Any
 
 from ._commits import KEEP, Commit
-from ._state import engine_state
 
 # --- what is saved ------------------------------------------------------------------------------
 
@@ -141,8 +140,3 @@ def read_commit(directory: str, key: str, rank: int, step: int) -> tuple[Commit,
     commit = Commit(saved["step"], saved["opt_steps"], saved["world_size"], saved["state"], [])
     return commit, saved["rng"]
 
-
-def held_commits(key: str, directory: str | None, rank: int) -> dict[str, list[int]]:
-    """Steps of ``key`` this engine holds in memory and this rank has on disk (runs on engines)."""
-    return {"memory": engine_state().commits.steps(key),
-            "disk": disk_steps(directory, key, rank)}

@@ -5,7 +5,8 @@ instead of assuming each rank holds the full model:
 
 - ``--return``: :meth:`FitMode.returned` - what rank 0 sends back to the notebook;
 - checkpoints and ``--resume``: :meth:`FitMode.checkpointed` - the objects a commit saves and a
-  resume loads;
+  resume loads; :attr:`FitMode.commits_to_folder` - whether a commit is one rank's bytes (any
+  rank's copy restores every rank) or a folder every rank writes its shards to;
 - elastic resize (``%cluster scale`` during a checkpointed run): :attr:`FitMode.resizable`;
 - memory figures: :meth:`FitMode.held_bytes` - this rank's share of parameters, gradients and
   optimizer state.
@@ -13,8 +14,8 @@ instead of assuming each rank holds the full model:
 :class:`Replicated`: every rank holds the whole model, and the ranks agree on it.
 :class:`Sharded`: the cell holds a model FSDP2 sharded (``wrap(model, shard=True)`` or its own
 ``fully_shard``): ``--return`` gathers it whole (every rank takes part), memory figures count each
-rank's shard.  Not yet: commits of a sharded model (torch's distributed checkpoint) and resizing
-one; both refuse with the way out instead of saving a rank's shard as if it were the model.
+rank's shard, commits are torch's distributed checkpoints (:mod:`._sharded_commits`), which a
+resume on another number of ranks reshards.
 :func:`mode_for` picks the mode of a run from what its cell holds.
 
 Example::
@@ -44,6 +45,7 @@ class FitMode:
 
     name = ""
     resizable = False
+    commits_to_folder = False
 
     def returned(self, rank: int, namespace: dict, names: Iterable[str]) -> dict | None:
         """What this rank sends back for ``--return names`` (None: nothing from this rank)."""
@@ -113,7 +115,8 @@ class Sharded(Replicated):
     """A model FSDP2 shards across the ranks: each holds a part; none holds the model."""
 
     name = "sharded"
-    resizable = False  # resharding from a commit is not built yet
+    resizable = True  # a resume on any number of ranks reshards the commit
+    commits_to_folder = True  # a rank's state dict is only its shard
 
     def returned(self, rank: int, namespace: dict, names: Iterable[str]) -> dict | None:
         """Every rank gathers each sharded model it is asked for (in the same order: it is a
@@ -136,11 +139,6 @@ class Sharded(Replicated):
             elif rank == 0:
                 out.update(super().returned(0, namespace, [name]) or {})
         return out if rank == 0 and names else None
-
-    def checkpointed(self, namespace: dict) -> dict[str, Any]:
-        raise RuntimeError("--checkpoint-every/--resume do not save sharded models yet (a rank's "
-                           "state dict is only its shard); keep the model live between cells "
-                           "with --keep, or save it with torch.distributed.checkpoint in the cell")
 
 
 def _is_optimizer_of_shards(value: Any) -> bool:

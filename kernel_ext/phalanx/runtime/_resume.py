@@ -23,6 +23,7 @@ import os
 from typing import Any, Iterator
 
 from . import _checkpoint as ck
+from . import _sharded_commits as sharded_commits
 from ._commits import Commit
 from ._fit_mode import mode_for
 from ._seam import CheckpointSpec
@@ -75,6 +76,7 @@ class Checkpointer:
         self.directory = spec.directory
         self.plan = spec.resume
         self.control = spec.control
+        self.scratch = spec.scratch
         self.rank, self.world_size = rank, world_size
         self.restored = False
         self.used = False                  # whether the loop runs through steps() at all
@@ -87,15 +89,29 @@ class Checkpointer:
             return
         rng_all, stop = allgather_bytes(run.collectives, ck.capture_rng(), self.rank,
                                         self.world_size, flag=self._resize_requested())
-        commit = Commit(completed, run.steps, self.world_size,
-                        ck.save_state(mode_for(run.namespace, run.train.mode)
-                                      .checkpointed(run.namespace)), rng_all)
-        engine_state().commits.add(self.key, commit)
-        if self.directory:
-            ck.write_commit(self.directory, self.key, self.rank, commit)
+        mode = mode_for(run.namespace, run.train.mode)
+        objects = mode.checkpointed(run.namespace)
+        if mode.commits_to_folder:
+            sharded_commits.save(objects, self._folder(), self.key, self.rank,
+                                 {"step": completed, "opt_steps": run.steps,
+                                  "world_size": self.world_size, "rng": rng_all})
+        else:
+            commit = Commit(completed, run.steps, self.world_size, ck.save_state(objects), rng_all)
+            engine_state().commits.add(self.key, commit)
+            if self.directory:
+                ck.write_commit(self.directory, self.key, self.rank, commit)
         self.last_commit = completed
         if stop:
             raise StopForResize(completed)
+
+    def _folder(self) -> str:
+        """Where this run's sharded commits go: a folder every rank writes its shards to."""
+        folder = self.directory or self.scratch
+        if folder is None:
+            raise RuntimeError("a sharded model's commits are a folder every rank writes its "
+                               "shards to, and these engines are on more than one host: pass "
+                               "--checkpoint-dir DIR on a filesystem every host shares")
+        return folder
 
     def _resize_requested(self) -> bool:
         return bool(self.control) and os.path.exists(self.control)  # type: ignore[arg-type]
@@ -108,6 +124,9 @@ class Checkpointer:
             return 0
         self.restored = True
         step, sources = self.plan.step, self.plan.sources
+        if sources[self.rank] == "sharded":  # every rank reads its new shards from the folder
+            self._restore_sharded(run, step)
+            return step
         from_peer = None
         if "peer" in sources:  # every rank takes part in the broadcast, whoever needs it
             src = self.plan.src  # the rank that sends: a plan with a peer source names it
@@ -130,6 +149,19 @@ class Checkpointer:
             run.metrics.set_step(opt_steps)
         engine_state().commits.prune_after(self.key, step)
         return step
+
+    def _restore_sharded(self, run: RunContext, step: int) -> None:
+        mode = mode_for(run.namespace, run.train.mode)
+        meta = sharded_commits.load(mode.checkpointed(run.namespace), self._folder(), self.key,
+                                    step)
+        rng = _own(meta["rng"], self.rank)
+        if rng is not None:
+            ck.restore_rng(rng)
+        run.steps = meta["opt_steps"]
+        if run.metrics is not None:
+            run.metrics.set_step(meta["opt_steps"])
+        if self.rank == 0:  # the others write nothing before the next commit's collectives
+            sharded_commits.prune_after(self._folder(), self.key, step)
 
     def _held(self, step: int, source: str) -> Commit | None:
         """This rank's copy of commit ``step`` to send to others (RNG of all ranks if in memory)."""
@@ -193,6 +225,15 @@ def broadcast_bytes(comm: Any, data: bytes, src: int, rank: int) -> bytes:
         buffer[:] = np.frombuffer(data, dtype=np.uint8)
     comm.broadcast([buffer], src=src)
     return buffer.tobytes()
+
+
+def held_commits(key: str, directory: str | None, scratch: str | None,
+                 rank: int) -> dict[str, list[int]]:
+    """Steps of ``key`` this engine holds in memory, this rank has on disk, and complete sharded
+    commits it can read (in ``directory``, else ``scratch``) (runs on engines)."""
+    return {"memory": engine_state().commits.steps(key),
+            "disk": ck.disk_steps(directory, key, rank),
+            "sharded": sharded_commits.complete_steps(directory or scratch, key)}
 
 
 def make_checkpointer(spec: CheckpointSpec | None, rank: int,

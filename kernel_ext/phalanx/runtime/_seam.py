@@ -37,8 +37,9 @@ __all__ = ["RunSpec", "GroupSpec", "CheckpointSpec", "ResumePlan", "RankResult",
 class ResumePlan:
     """Where a resumed attempt starts: the newest commit every rank can load, and from where.
 
-    ``sources[r]`` is ``"memory"`` or ``"disk"`` (rank ``r`` holds the commit itself) or
-    ``"peer"`` (rank ``src`` sends it to every rank that lacks it)."""
+    ``sources[r]`` is ``"memory"`` or ``"disk"`` (rank ``r`` holds the commit itself),
+    ``"peer"`` (rank ``src`` sends it to every rank that lacks it) or ``"sharded"`` (a sharded
+    commit's folder, which every rank reads its new shards from)."""
 
     step: int
     sources: tuple[str, ...]
@@ -54,6 +55,9 @@ class CheckpointSpec:
     directory: str | None = None       # also write commits here (``--checkpoint-dir``)
     resume: ResumePlan | None = None   # restore this commit before the first iteration
     control: str | None = None         # a file whose existence asks the ranks to stop (resize)
+    # where sharded commits go without ``directory``: a private folder of the kernel's that its
+    # host's engines share (None when an engine is on another host)
+    scratch: str | None = None
 
 
 @dataclass(frozen=True)
