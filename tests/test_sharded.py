@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from conftest import run_cell
+from phalanx.fit._kept import human_size
 
 pytestmark = pytest.mark.cluster
 
@@ -75,6 +76,11 @@ def test_a_sharded_model_trains_as_one_process_and_stays_warm(two_engines, shell
     shares = [record.held[r]["parameters"] for r in (0, 1)]
     assert all(share <= 0.6 * full for share in shares), (shares, full)   # each holds a part
     assert sum(shares) >= full
+    status = two_engines.status()                    # what %cluster status shows: each share
+    assert [row["share"].split(" / ")[0] for row in status.rows] == [
+        human_size(share) for share in shares]
+    from phalanx.widgets._cluster_table import ClusterStatus
+    assert "last run's params / grads / optimizer" in repr(ClusterStatus.of(status))
     run_cell(shell, NEXT)                              # the kept shards and optimizer go on
     np.testing.assert_allclose(_flat(model), _reference(start, ns, 10), rtol=0, atol=1e-5)
     shell.run_line_magic("cluster", "forget")

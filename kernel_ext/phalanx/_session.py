@@ -190,6 +190,7 @@ class Session(RunHistoryQueries):
         """The engines now (``%cluster status``); during a run, with its steps and the engines'
         own memory figures."""
         from .cluster._memory import fill_engine_memory, merge_samples
+        from .fit._kept import human_size
 
         active = self.fits.active
         rows = self.cluster.status(active.steps if active is not None else None) if self.cluster.running else []
@@ -197,6 +198,11 @@ class Session(RunHistoryQueries):
             merge_samples(rows, active.memory.latest())
         elif rows:  # GPU and remote engines: only they know their figures
             fill_engine_memory(self.cluster.client, rows)
+        for rank, held in self.fits.shares().items():  # a sharded run's: about 1/N each
+            if rank < len(rows):
+                rows[rank]["share"] = " / ".join(
+                    human_size(held.get(part, 0))
+                    for part in ("parameters", "gradients", "optimizer_state"))
         return EngineStatus(rows, self.cluster.launcher)
 
     def stop_run(self, reason: str = "stop requested") -> bool:

@@ -61,11 +61,12 @@ class KeptNames:
 
     def describe(self) -> str:
         """One line: each kept name with its memory per rank."""
-        return ", ".join(f"{name} (up to {_size(max(sizes, default=0))} per rank, {len(sizes)} ranks)"
+        return ", ".join(f"{name} (up to {human_size(max(sizes, default=0))} per rank, {len(sizes)} ranks)"
                          for name, sizes in sorted(self.sizes.items()))
 
 
-def _size(nbytes: int) -> str:
+def human_size(nbytes: int) -> str:
+    """``nbytes`` in the largest unit it reaches (``4.0 KB``)."""
     for unit, scale in (("GB", 2**30), ("MB", 2**20), ("KB", 2**10)):
         if nbytes >= scale:
             return f"{nbytes / scale:.1f} {unit}"

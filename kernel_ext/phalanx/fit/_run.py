@@ -64,6 +64,7 @@ class FitRunner:
         self.control = RunControl()  # stop requests and the wait loop's message pump
         self.memory_interval_s = 1.0  # engines sample their memory this often during a run (0: off)
         self.kept = KeptNames()  # what --keep left live on the engines
+        self._held_by: tuple[tuple[str, ...], dict] = ((), {})  # last run's engines, shares
 
     # --- public -----------------------------------------------------------------------------
 
@@ -137,6 +138,13 @@ class FitRunner:
         """The names kept live on this cluster's engines, each with its memory ('' if none)."""
         held = {s.slot_id for s in self.cluster.slots()} if self.cluster.running else set()
         return self.kept.describe() if self.kept.engines and set(self.kept.engines) <= held else ""
+
+    def shares(self) -> dict[int, dict[str, int]]:
+        """Each rank's bytes of parameters, gradients and optimizer state at the end of the last
+        run, while the cluster still has that run's engines (else {})."""
+        engines, held = self._held_by
+        running = _engine_set(self.cluster.slots()) if self.cluster.running else ()
+        return held if engines and engines == running else {}
 
     def _kept_for(self, slots: list) -> tuple[str, ...]:
         """The kept names a run on ``slots`` reads live; kept objects of another engine set
@@ -255,6 +263,7 @@ class FitRunner:
             record.profile = ProfileReport.from_results(results, job.name, slots)
             record.manifest["profile"] = os.path.basename(record.profile.path) if record.profile else None
         self.last = record
+        self._held_by = (_engine_set(slots), record.held)
         self._emit(events.run_ended(job.run_id, status, wall, None if status == "done" else status))
         if status in ("done", "interrupted"):  # interrupted: what was trained until the stop
             blob = results[0].returns if 0 in results else None

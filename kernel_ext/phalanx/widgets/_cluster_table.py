@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     from .._session import EngineStatus
 
 COLUMNS = ("rank", "host", "device", "state", "memory_mb", "step")
-HEADINGS = {"memory_mb": "memory (MB)", "gpu_memory": "GPU memory (alloc / reserved, peak)"}
+HEADINGS = {"memory_mb": "memory (MB)", "gpu_memory": "GPU memory (alloc / reserved, peak)",
+            "share": "last run's params / grads / optimizer"}
 _STATE_COLOURS = {"idle": "#2e7d32", "busy": "#1565c0", "starting": "#8d6e00",
                   "stopping": "#8d6e00", "dead": "#c62828"}
 
@@ -58,7 +59,9 @@ class ClusterStatus:
 
     def _columns(self) -> tuple[str, ...]:
         gpu = any(r.get("cuda_allocated_mb") is not None for r in self.rows)
-        return self.COLUMNS + (("cuda_allocated_mb", "cuda_reserved_mb", "cuda_peak_mb") if gpu else ())
+        shares = any(r.get("share") is not None for r in self.rows)
+        return self.COLUMNS + (("cuda_allocated_mb", "cuda_reserved_mb", "cuda_peak_mb") if gpu else ()) \
+            + (("share",) if shares else ())
 
     def _cells(self, row: dict) -> list[str]:
         return ["" if row.get(c) is None else str(row.get(c)) for c in self._columns()]
@@ -66,7 +69,7 @@ class ClusterStatus:
     def __repr__(self) -> str:
         if not self.rows:
             return "no cluster is running: start one with %cluster start -n 2"
-        table = [list(self._columns())] + [self._cells(r) for r in self.rows]
+        table = [[_heading(c) for c in self._columns()]] + [self._cells(r) for r in self.rows]
         widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
         lines = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)) for line in table]
         return (f"{len(self.rows)} engine(s), {self.launcher} launcher (ranks are dense 0..N-1; "
@@ -75,11 +78,16 @@ class ClusterStatus:
     def _repr_html_(self) -> str:
         if not self.rows:
             return "<i>no cluster is running: start one with <code>%cluster start -n 2</code></i>"
-        head = "".join(f"<th>{c}</th>" for c in self._columns())
+        head = "".join(f"<th>{html.escape(_heading(c))}</th>" for c in self._columns())
         body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in self._cells(r)) + "</tr>"
                        for r in self.rows)
         return (f"<div><b>{len(self.rows)} engine(s)</b>, {self.launcher} launcher"
                 f"<table><tr>{head}</tr>{body}</table></div>")
+
+
+def _heading(column: str) -> str:
+    """The status table's heading of ``column``: its field name, but where that says too little."""
+    return HEADINGS["share"] if column == "share" else column
 
 
 def training_state(row: Mapping[str, Any]) -> dict:
