@@ -213,3 +213,39 @@ def test_dask_client_runs_xgboost_dask_as_is_and_follows_scale(data, shell):
     finally:
         session.scale(2)
     assert len(distributed.get_client().scheduler_info()["workers"]) == 2
+
+
+def test_a_network_machine_with_xgboost_fits_over_both_shards_and_refits_only_what_changed(
+        data, shell):
+    import phalanx
+    from phalanx.network import machine, source
+    from sklearn.preprocessing import StandardScaler
+
+    session, ns = data, shell.user_ns
+
+    def regressor(rounds: int):
+        return xgb.XGBRegressor(n_estimators=rounds, tree_method="hist", max_depth=4,
+                                learning_rate=0.3, random_state=0, n_jobs=1)
+
+    X, y = source(ns["X"], name="X"), source(ns["y"], name="y")
+    stand = machine(StandardScaler(), X, name="stand")
+    W = stand.transform(X)
+    boost = machine(regressor(ROUNDS), W, y, name="boost",
+                    fit_runner=phalanx.data_parallel(session=session))
+    yhat = boost.predict(W)
+
+    assert session.fit_network(yhat).actions == {"stand": "fit", "boost": "fit"}
+    run = session.last_run()   # the machine's fit was one run over both shards
+    assert run.world_size == 2 and run.status == "done" and run.steps == {0: ROUNDS, 1: ROUNDS}
+    scaler = StandardScaler().fit(ns["X"])
+    single = regressor(ROUNDS).fit(scaler.transform(ns["X"]), ns["y"])
+    Xt, yt = _data(2000, 2)
+    rmse = {name: float(np.sqrt(np.mean((model.predict(scaler.transform(Xt)) - yt) ** 2)))
+            for name, model in (("network", boost.fitted), ("alone", single))}
+    print(f"test RMSE: {rmse}")
+    assert abs(rmse["network"] - rmse["alone"]) <= 0.01 * rmse["alone"]
+
+    assert session.fit_network(yhat).actions == {"stand": "skip", "boost": "skip"}
+    boost.model.set_params(n_estimators=10)
+    assert session.fit_network(yhat).actions == {"stand": "skip", "boost": "fit"}
+    assert session.last_run().steps == {0: 10, 1: 10}
