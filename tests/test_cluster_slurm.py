@@ -62,6 +62,21 @@ def test_slurm_engines_train_scale_and_stop(session, shell, slurm, figures):
 
     shell.run_line_magic("cluster", "scale 3")
     assert session.cluster.size == 3 and len(slurm.queue()) == 2  # scaling added a job
+
+    # one rank of the first job restarts alone: its engine exits (the job goes on with the
+    # other), its successor is a job of its own; the old process is gone when restart returns
+    old, kept = session.cluster.slots()[1], session.cluster.slots()[0]
+    shell.run_line_magic("cluster", "restart 1")
+    assert_all_gone([old.pid], timeout=0.5)
+    slots = session.cluster.slots()
+    assert [s.pid for s in slots][0] == kept.pid and slots[1].pid != old.pid
+    assert len(slurm.queue()) == 3 and all(s.restarts_alone for s in slots)
+    launcher = session.cluster.state.launcher  # its look inside a job, on the engine's node
+    assert launcher.gone_on_node(old, timeout=5) and not launcher.gone_on_node(kept, timeout=1)
+    run_cell(shell, "%%distributed_fit --no-widget --return total\n"
+                    "from phalanx import allreduce\ntotal = allreduce(1.0, op='sum')\n")
+    assert shell.user_ns["total"] == 3.0
+
     pids = engine_pids(session)
     shell.run_line_magic("cluster", "stop")
     assert slurm.queue() == []

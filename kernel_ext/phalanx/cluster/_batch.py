@@ -28,6 +28,7 @@ from ._launcher_base import LaunchOptions, RemoteLauncher
 # and the batch system's own message ("invalid partition specified") is what to show.
 _MERGED = 'exec "$0" "$@" 2>&1'
 POLL_S = 2.0
+JOB_ID = "batch_job"  # slot.info key: the job an engine runs in
 # Slurm job states in which a job still holds (or waits for) its nodes
 LIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING",
         "SIGNALING", "STAGE_OUT")
@@ -52,10 +53,21 @@ NEVER_BY_WAITING = {
 
 
 class BatchLauncher(RemoteLauncher):
-    """Shared by the batch systems: a submit command on PATH and extra submit flags."""
+    """Shared by the batch systems: a submit command on PATH and extra submit flags.
+
+    One rank of a job of several engines restarts alone: its engine is asked to exit through
+    the controller (the job goes on with the others) and its successor is a job of one engine,
+    placed by the batch system.  The restart returns once the old engine has exited: watched by
+    pid on this host, through the batch system where it can look (Slurm), else once it has
+    left the controller.
+    """
 
     submit = "qsub"
     system = "PBS"
+    restarts_one_engine = True
+
+    def replaces_alone(self, slot: Any) -> bool:
+        return True  # the successor is a job of its own: the batch system places it
 
     def __init__(self, options: LaunchOptions) -> None:
         super().__init__(options)
@@ -144,6 +156,37 @@ class SlurmLauncher(BatchLauncher):
         if state not in LIVE:
             return f"Slurm job {job} is {state} ({reason}) and its engines did not register"
         return None
+
+    def await_exited(self, slots: list, timeout: float = 30.0) -> list[str]:
+        """This host's engines by pid; the others by a look at their pid on their node, inside
+        their job (``srun --overlap``: a step beside the engines', on that node only)."""
+        from ._locality import is_local
+
+        running = super().await_exited([s for s in slots if is_local(s)], timeout)
+        for slot in (s for s in slots if not is_local(s)):
+            if not self.gone_on_node(slot, timeout):
+                running.append(f"engine {slot.engine_id} (pid {slot.pid} on {slot.host})")
+        return running
+
+    def gone_on_node(self, slot: Any, timeout: float) -> bool:
+        """Whether ``slot``'s engine process has exited on its node, within ``timeout`` s."""
+        job = slot.info.get(JOB_ID)
+        if not job or not slot.pid or not slot.host:
+            return True  # nothing to look with: it has left the controller, which is all we know
+        watch = f"for _ in $(seq {int(timeout * 5)}); do kill -0 {int(slot.pid)} 2>/dev/null " \
+                f"|| exit 0; sleep 0.2; done; exit 1"
+        try:
+            done = subprocess.run(["srun", f"--jobid={job}", "--overlap", f"--nodelist={slot.host}",
+                                   "-N1", "-n1", "--quiet", "sh", "-c", watch],
+                                  capture_output=True, text=True, timeout=timeout + 15)
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        return done.returncode == 0
+
+    def note_started(self, engine_set: Any, slots: list) -> None:
+        job = getattr(engine_set, "job_id", "")
+        for slot in slots:  # what await_exited needs to look inside the job
+            slot.info[JOB_ID] = job
 
     def after_stop(self, engine_set: Any, timeout: float = 60.0) -> None:
         job = getattr(engine_set, "job_id", "")

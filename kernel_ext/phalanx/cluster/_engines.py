@@ -66,8 +66,8 @@ class EngineStarter:
                 new_slots = pair_by_host([state.slots[s] for s in replacing], new_slots)
             for slot in new_slots:
                 sets = [s for s in state.slots.values() if s.engine_set_id == slot.engine_set_id]
-                slot.restarts_alone = (launcher.one_set_per_engine or len(sets) == 1 or (
-                    launcher.restarts_one_engine and launcher.hosts_of([slot]) is not None))
+                slot.restarts_alone = (launcher.one_set_per_engine or len(sets) == 1
+                                       or launcher.replaces_alone(slot))
             for i, slot in enumerate(new_slots):
                 if replacing is not None:
                     state.ranks.replace(replacing[i], slot.slot_id)

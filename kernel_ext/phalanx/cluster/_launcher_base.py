@@ -103,6 +103,19 @@ class Launcher:
         """Where replacements of ``slots`` go (``None``: where the options say)."""
         return None
 
+    def replaces_alone(self, slot: Any) -> bool:
+        """Whether ``slot``'s engine, one of a group, can be replaced alone: its launcher ends
+        one engine of a set and knows where to start its successor."""
+        return self.restarts_one_engine and self.hosts_of([slot]) is not None
+
+    def await_exited(self, slots: list, timeout: float = 30.0) -> list[str]:
+        """Wait until ``slots``' engines, asked to exit alone (their engine set stays), have
+        exited; the ones still running, described.  This host's are watched by pid."""
+        from ._procs import local_pids, wait_gone
+
+        alive = {p.pid for p in wait_gone(local_pids(slots), timeout)}
+        return [f"engine {s.engine_id} (pid {s.pid})" for s in slots if s.pid in alive]
+
     def end_engines(self, engine_sets: list, slots: list,
                     ask: Callable[[], bool]) -> tuple[bool, list[str]]:
         """Have ``slots``' engines exit: ``ask`` asks them through the controller (True once

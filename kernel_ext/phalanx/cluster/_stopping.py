@@ -67,9 +67,14 @@ class EngineStopper:
         whole = launched & {s.engine_set_id for s in doomed
                             if set(state.group_of([s.slot_id])) <= set(slot_ids)}
         engine_sets = [cluster.engines[s] for s in launched if s in cluster.engines]
-        asked = [s.engine_id for s in doomed if state.asks_to_exit(s)]
+        # an engine whose set stays (one rank of a batch job) can only be asked to exit
+        alone = [s for s in doomed if s.engine_set_id in launched - whole
+                 and not launcher.ends_engines_by_pid and not launcher.ask_engines_to_exit]
+        asked = [s.engine_id for s in doomed if state.asks_to_exit(s) or s in alone]
         left, running = launcher.end_engines(engine_sets, doomed,
                                              lambda: shutdown_engines(state.client, asked))
+        if alone:
+            running += launcher.await_exited(alone)
         stopping = [cluster.engines[s] for s in whole if s in cluster.engines]
         if launcher.ends_engines_by_pid:
             terminate_together(pids)
