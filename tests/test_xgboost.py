@@ -249,3 +249,36 @@ def test_a_network_machine_with_xgboost_fits_over_both_shards_and_refits_only_wh
     boost.model.set_params(n_estimators=10)
     assert session.fit_network(yhat).actions == {"stand": "skip", "boost": "fit"}
     assert session.last_run().steps == {0: 10, 1: 10}
+
+
+LGB_PARAMS = {"objective": "regression", "num_leaves": 15, "learning_rate": 0.3, "seed": 0,
+              "num_threads": 1, "verbose": -1, "deterministic": True}
+LGB_TRAIN = f"""
+import lightgbm as lgb
+model = lgb.train(LGB_PARAMS, lgb.Dataset(X, label=y), {ROUNDS},
+                  valid_sets=[lgb.Dataset(Xv, label=yv)], valid_names=["valid"])
+with open(f"{{OUT}}/lgb-rank{{rank}}.txt", "w") as f:
+    f.write(model.model_to_string().split("\\nparameters:\\n")[0])
+"""
+
+
+def test_lightgbm_train_on_shards_is_one_model_same_on_every_rank(data, shell, tmp_path):
+    lgb = pytest.importorskip("lightgbm")
+    shell.user_ns["LGB_PARAMS"] = dict(LGB_PARAMS)
+    run_cell(shell, "%%distributed_fit --shard X,y --return model --no-widget\n" + LGB_TRAIN)
+    trees = [(tmp_path / f"lgb-rank{r}.txt").read_text() for r in (0, 1)]
+    assert trees[0] == trees[1]                                 # one model over both shards
+    assert all(not _engine_listening(data, rank) for rank in (0, 1))   # its network freed
+    ns = shell.user_ns
+    single = lgb.train(LGB_PARAMS, lgb.Dataset(ns["X"], label=ns["y"]), ROUNDS)
+    Xt, yt = _data(2000, 2)
+    rmse = {name: float(np.sqrt(np.mean((model.predict(Xt) - yt) ** 2)))
+            for name, model in (("distributed", ns["model"]), ("alone", single))}
+    print(f"test RMSE: {rmse}")
+    assert abs(rmse["distributed"] - rmse["alone"]) <= 0.01 * rmse["alone"]
+    record = data.last_run()           # rounds are steps; LightGBM's evaluation, every rank's row
+    assert record.steps == {0: ROUNDS, 1: ROUNDS} and record.total_steps == ROUNDS
+    rows = record.history.rows()
+    for rank in (0, 1):
+        assert [r["step"] for r in rows if r["rank"] == rank and "valid-l2" in r] == \
+            list(range(1, ROUNDS + 1))

@@ -325,6 +325,7 @@ def _install_hooks(run: RunContext, namespace: dict, shard: tuple[str, ...]) -> 
     from ._estimators import install_estimator_sync, patch_namespace_estimators
     from ._framework_logs import watch_framework_logs
     from ._hooks import StepHooks, attach_existing_optimizers
+    from ._lightgbm_world import watch_lightgbm
     from ._xgboost_world import watch_xgboost
 
     hooks = StepHooks(run)
@@ -335,6 +336,7 @@ def _install_hooks(run: RunContext, namespace: dict, shard: tuple[str, ...]) -> 
     run.extra_cleanup.append(watch_framework_logs(run))
     run.extra_cleanup.append(watch_double_split(run.rank, shard, namespace))
     run.extra_cleanup.append(watch_xgboost(run))
+    run.extra_cleanup.append(watch_lightgbm(run))
     return hooks
 
 
