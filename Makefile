@@ -17,7 +17,7 @@ PYTEST_WORKERS ?= -n logical --maxprocesses=4 --dist loadfile
 # compiles phalanx again.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: setup lab lab-command lint test demo bench chaos notebooks screenshots links chromium cluster-daemons clean
+.PHONY: setup lab lab-command lint test demo bench chaos notebooks screenshots links chromium cluster-daemons clean dist test-dist
 
 # The lab panel's sources: an edit to any of them re-runs the install, which rebuilds the panel
 # and copies it where JupyterLab loads it from.
@@ -124,9 +124,37 @@ notebooks: setup
 screenshots: setup chromium
 	$(PY) docs/screenshots.py
 
+# The sdist and the wheel in dist/, both with the panel that set-up built (a wheel built from the
+# sdist needs no Node.js); the wheel is built from the sdist, as pip builds one from it.
+dist: setup
+	rm -f dist/phalanx-*
+	$(PIP) install -q "build>=1.2"
+	HATCH_JUPYTER_BUILDER_SKIP_NPM=1 $(PY) -m build --outdir dist .
+
+# The wheel installed as a user would, into a new environment, then driven in JupyterLab and
+# Chromium (tests/test_wheel_install.py), and Binder's build replayed (tests/test_binder.py); both
+# marked dist: make test leaves them out.
+test-dist: dist chromium
+	$(PY) -m pytest -m dist tests/test_wheel_install.py tests/test_binder.py
+
 # The README's Binder and nbviewer links, from pyproject.toml's Repository address.
 links:
 	python3 docs/links.py
+
+# The manual, docs/ into docs/_build/html: Sphinx with MyST, the example notebooks as saved (none
+# is executed), the API reference from the docstrings.  Warnings are errors and every reference
+# must resolve (-n): a link to a missing page, heading anchor or documented object fails it.
+# Nothing is fetched from the network.  -E reads every page again each time: the API pages depend
+# on the package's sources, which Sphinx does not track.
+.PHONY: docs
+DOCS_STAMP := $(VENV)/.phalanx-docs-installed
+$(DOCS_STAMP): docs/requirements.txt $(STAMP)
+	$(PIP) install -q -r docs/requirements.txt
+	touch $@
+
+docs: setup $(DOCS_STAMP)
+	$(PY) -m sphinx -E -W --keep-going -n -q -b html docs docs/_build/html
+	@echo "the manual: docs/_build/html/index.html"
 
 # One random fault per run on a real 2-engine cluster (CHAOS_ARGS="-n 50 --seed 7 --max-restarts 1").
 CHAOS_ARGS ?= -n 50

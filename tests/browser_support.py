@@ -138,24 +138,27 @@ def _killed_survivors(alive: list) -> list[str]:
 
 
 @contextlib.contextmanager
-def running_lab(base: Path, start_timeout_s: float = START_TIMEOUT_S) -> Iterator[LabServer]:
+def running_lab(base: Path, start_timeout_s: float = START_TIMEOUT_S,
+                python: str = sys.executable, environ: dict | None = None) -> Iterator[LabServer]:
     """``jupyter lab`` on 127.0.0.1 with its root, token, config and settings under ``base``.
 
-    Stopped at the end with its kernels; raises if any process it started (a kernel, an engine,
-    a controller) is still running afterwards.
+    ``python`` is the interpreter whose JupyterLab serves (another environment's, say) and
+    ``environ`` the environment it starts from (this process's by default).  Stopped at the end
+    with its kernels; raises if any process it started (a kernel, an engine, a controller) is
+    still running afterwards.
     """
     root, settings = base / "root", base / "settings"
     root.mkdir()
     _quiet_settings(settings)
     port, token = _free_port(), "phalanx-test-token"
-    env = dict(os.environ,
+    env = dict(os.environ if environ is None else environ,
                JUPYTER_CONFIG_DIR=str(base / "config"),
                JUPYTER_RUNTIME_DIR=str(base / "runtime"),
                JUPYTERLAB_SETTINGS_DIR=str(settings),
                JUPYTERLAB_WORKSPACES_DIR=str(base / "workspaces"))
     log = base / "server.log"
     # expose_app_in_browser gives tests window.jupyterapp to run commands and read kernel state.
-    argv = [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
+    argv = [python, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
             f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
             "--ServerApp.port_retries=0", "--LabApp.expose_app_in_browser=True",
             # kernels on Unix sockets: no TCP port to lose to a parallel test (kernel_support.py)

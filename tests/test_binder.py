@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+# An install into a fresh environment, like the wheel test: run by `make test-dist` (CI), not
+# by `make test`, whose 15 minutes it would take 1.5 of.
+pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -7,7 +7,8 @@ stable when scaling up (new slots go to the end), re-densed after scaling down o
 Example::
 
     >>> table = RankTable()
-    >>> table.append("a"); table.append("b"); table.append("c")
+    >>> [table.append(slot) for slot in ("a", "b", "c")]    # each new slot's rank
+    [0, 1, 2]
     >>> table.remove("b")
     >>> table.rank_of("c")
     1

@@ -14,12 +14,12 @@ The scheduler runs in the kernel rather than in ipyparallel's controller so that
 its address and security, and stops it for real (ipyparallel's ``stop_dask`` leaves the
 controller's scheduler and the engines' workers listening).
 
-Example::
+Example (on a running ipyparallel cluster)::
 
-    >>> import ipyparallel as ipp                           # doctest: +SKIP
-    >>> rc = ipp.Cluster(n=2).start_and_connect_sync()      # doctest: +SKIP
-    >>> yhat.fit(cluster=rc)                                # doctest: +SKIP
-    >>> stop_dask(rc)                                       # doctest: +SKIP
+    import ipyparallel as ipp
+    rc = ipp.Cluster(n=2).start_and_connect_sync()
+    yhat.fit(cluster=rc)
+    stop_dask(rc)
 """
 
 from __future__ import annotations
@@ -49,11 +49,10 @@ def dask_client(cluster: Any, timeout: float = 60.0, tls: bool | None = None,
     "engines on other hosts"; ``dashboard_address`` (e.g. ``"127.0.0.1:8787"``, default: the
     ``PHALANX_DASK_DASHBOARD`` environment variable) turns dask's dashboard on there.
 
-    Example::
+    Example (``rc``: an ipyparallel ``Client`` of a running cluster)::
 
-        >>> dc = dask_client(rc)          # doctest: +SKIP
-        >>> dc is dask_client(rc)         # doctest: +SKIP
-        True
+        dc = dask_client(rc)
+        dc is dask_client(rc)             # True: dask is started once per cluster
     """
     from distributed import Client as DaskClient
 
@@ -90,10 +89,9 @@ def stop_dask(cluster: Any) -> bool:
     Returns whether there was anything to stop.  A dask ``Client`` passed in directly
     belongs to the caller and is left alone.
 
-    Example::
+    Example (``rc`` as for :func:`dask_client`)::
 
-        >>> stop_dask(rc)                 # doctest: +SKIP
-        True
+        stop_dask(rc)                     # True: there was a scheduler to stop
     """
     import sys
 

@@ -39,8 +39,14 @@ def network_event(target: Any, network_id: str | None = None) -> dict:
 
     Example::
 
-        >>> network_event(yhat)["type"]      # doctest: +SKIP
-        'network'
+        >>> import numpy as np
+        >>> from sklearn.linear_model import Ridge
+        >>> from phalanx.network import machine, source
+        >>> X, y = source(np.ones((4, 2)), name="X"), source(np.arange(4.0), name="y")
+        >>> yhat = machine(Ridge(), X, y, name="ridge").predict(X)
+        >>> event = network_event(yhat)
+        >>> event["type"], [node["state"] for node in event["nodes"]]
+        ('network', ['fitted', 'fitted', 'fresh'])
     """
     network = Network([target])
     plan = make_plan(network, preview=True)

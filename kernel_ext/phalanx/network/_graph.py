@@ -101,9 +101,16 @@ class Node:
 
         Example::
 
-            >>> log = yhat.fit()                   # doctest: +SKIP
-            >>> log.actions                        # doctest: +SKIP
-            {'stand': 'fit', 'pca': 'fit', 'ridge': 'fit', 'tree': 'fit'}
+            >>> import numpy as np
+            >>> from sklearn.linear_model import Ridge
+            >>> from phalanx.network import machine, source
+            >>> X, y = source(np.arange(8.0).reshape(4, 2), name="X"), source(np.arange(4.0), name="y")
+            >>> yhat = machine(Ridge(), X, y, name="ridge").predict(X)
+            >>> log = yhat.fit()
+            >>> log.actions
+            {'ridge': 'fit'}
+            >>> yhat.fit().actions                 # nothing changed: nothing retrains
+            {'ridge': 'skip'}
         """
         return hooks().fit([self], rows=rows, force=force, cluster=cluster, on_event=on_event)
 
@@ -112,9 +119,14 @@ class Node:
 
         Example::
 
-            >>> yhat()              # doctest: +SKIP
-            >>> yhat(rows=[0, 1])   # doctest: +SKIP
-            >>> yhat(X_new)         # doctest: +SKIP
+            >>> import numpy as np
+            >>> from sklearn.linear_model import Ridge
+            >>> from phalanx.network import machine, source
+            >>> X, y = source(np.arange(8.0).reshape(4, 2), name="X"), source(np.arange(4.0), name="y")
+            >>> yhat = machine(Ridge(), X, y, name="ridge").predict(X)
+            >>> _ = yhat.fit()
+            >>> yhat().shape, yhat(rows=[0, 1]).shape, yhat(np.zeros((1, 2))).shape
+            ((4,), (2,), (1,))
         """
         if len(new_data) > 1:
             raise NetworkError(f"{self.label}: pass at most one new data set, got {len(new_data)}")
@@ -259,7 +271,17 @@ class Machine:
 
         Example::
 
-            >>> Z = pca.operation("transform", W)   # same as pca.transform(W)  # doctest: +SKIP
+            >>> import numpy as np
+            >>> from sklearn.decomposition import PCA
+            >>> from phalanx.network import machine, source
+            >>> W = source(np.arange(12.0).reshape(4, 3), name="W")
+            >>> pca = machine(PCA(2), W, name="pca")
+            >>> Z = pca.operation("transform", W)   # same as pca.transform(W)
+            >>> Z
+            <Node 'pca.transform(...)'>
+            >>> _ = Z.fit()
+            >>> pca.operation("transform", np.zeros((1, 3))).shape   # not a node: the value
+            (1, 2)
         """
         _require_method(self, self._model, method)
         if not any(isinstance(a, Node) for a in args):

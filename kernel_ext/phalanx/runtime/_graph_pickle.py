@@ -37,7 +37,8 @@ Example::
     >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
     >>> packer = GraphPacker(user_ns={})
     >>> blobs = {name: packer.pack(name, value) for name, value in [("model", model), ("opt", opt)]}
-    >>> ns = load_names(["model", "opt"], blobs, {})
+    >>> ns = {}
+    >>> memos = load_names(["model", "opt"], blobs, ns)
     >>> ns["opt"].param_groups[0]["params"][0] is ns["model"].weight
     True
 """
