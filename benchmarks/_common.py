@@ -123,3 +123,11 @@ def parse_args(doc: str | None, argv: list[str] | None):
     args = parser.parse_args(argv)
     engine_env()
     return args
+
+
+def paired(candidate: list[float], baseline: list[float]) -> dict[str, Any]:
+    """The median of the pairs' own ratios, their spread and every pair (pairs alternate which
+    side runs first, so a slow moment of a shared machine hits both)."""
+    ratios = [c / b for c, b in zip(candidate, baseline)]
+    return {"ratio": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
+            "pairs": ratios}

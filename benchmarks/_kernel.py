@@ -212,3 +212,39 @@ class PanelClient:
 
     def close(self) -> None:
         self.connection.close()
+
+
+class ClusterKernel:
+    """A real kernel with phalanx loaded and ``engines`` warm CPU engines: what a notebook that
+    has run ``%cluster start`` is.  ``env``: variables the kernel (and so its engines) gets."""
+
+    def __init__(self, engines: int = 2, env: dict[str, str] | None = None) -> None:
+        before = {name: os.environ.get(name) for name in env or {}}
+        os.environ.update(env or {})
+        try:  # the kernel takes this process's environment, its engines the kernel's
+            self.km = start_kernel()
+        finally:
+            for name, value in before.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+        self.notebook = Notebook(self.km)
+        try:
+            self.notebook.run(f"%load_ext phalanx\nimport phalanx\n"
+                              f"%cluster start -n {engines} --gpus none", timeout=300)
+        except BaseException:
+            self.close(stop=False)
+            raise
+
+    @property
+    def pid(self) -> int:
+        return self.km.provisioner.pid
+
+    def close(self, stop: bool = True) -> None:
+        try:
+            if stop:
+                self.notebook.run("%cluster stop", timeout=120)
+        finally:
+            self.notebook.close()
+            self.km.shutdown_kernel(now=True)

@@ -20,6 +20,8 @@ SECTIONS = [
     ("live", "bench_live.py"),
     ("step_parts", "bench_step_parts.py"),
     ("frameworks", "bench_frameworks.py"),
+    ("sharded", "bench_sharded.py"),
+    ("boosting", "bench_boosting.py"),
     ("gpu", "bench_gpu.py"),  # records "skipped" where there is no CUDA device
 ]
 
@@ -163,6 +165,76 @@ def _frameworks(d: dict) -> list[dict]:
     return rows
 
 
+def _sharded(d: dict) -> list[dict]:
+    """Peak memory per rank, sharded / replicated, for each allocator setting; what a sharded
+    run leaves resident on its engine; then the FSDP2 script's steps/s through the magic vs
+    torchrun."""
+    rows = []
+    labels = {"default": "glibc malloc as is",
+              "mmap_threshold_128k": "glibc's mmap threshold held at 128 KiB"}
+    for allocator, m in d["memory"].items():
+        r, peak, held = m["sharded_vs_replicated"], m["peak_mb"], m["held_mb"]
+        ranks = sorted(peak["sharded"], key=int)
+        per_rank = ", ".join(f"rank {k} {peak['sharded'][k]['median']:.0f} vs "
+                             f"{peak['replicated'][k]['median']:.0f} MB" for k in ranks)
+        held_mb = {mode: max(sum(h.values()) for h in held[mode].values()) for mode in held}
+        rows.append(_row("sharded", f"peak memory per rank, wrap(model, shard=True) / replicated "
+                         f"({m['parameters'] / 1e6:.1f}M-parameter MLP, AdamW; "
+                         f"{labels.get(allocator, allocator)})", r["ratio"], "<= 0.6x",
+                         r["ratio"] <= 0.6,
+                         f"median of {len(r['pairs'])} paired ratios, spread {r['min']:.3f}-"
+                         f"{r['max']:.3f}; {per_rank}; held (parameters, gradients, optimizer "
+                         f"state) {held_mb['sharded']:.0f} vs {held_mb['replicated']:.0f} MB"))
+    kept = {allocator: m["kept_after_run_mb"] for allocator, m in d["memory"].items()
+            if "kept_after_run_mb" in m}
+    if kept:  # what a run leaves resident on its engine; ~0 when its namespace goes with it
+        sharded = [k["sharded"]["median"] for k in kept.values() if "sharded" in k]
+        replicated = [k["replicated"]["median"] for k in kept.values() if "replicated" in k]
+        rows.append(_row("sharded", "resident memory an engine still holds after a sharded run "
+                         "(MB; the next run's start less its own)", max(sharded), "reported",
+                         None, "after a replicated run: " + ", ".join(
+                             f"{v:.0f}" for v in replicated) + " MB; medians per allocator "
+                         "setting: " + ", ".join(f"{v:.0f}" for v in sharded) + " MB"))
+    s = d["speed"]
+    r = s["magic_vs_torchrun"]
+    rows.append(_row("sharded", "FSDP2 script (fully_shard per block, AdamW), 2 engines vs "
+                     "torchrun: steps/s", r["ratio"], ">= 0.97x", r["ratio"] >= 0.97,
+                     f"median of {len(r['pairs'])} paired ratios, spread {r['min']:.3f}-"
+                     f"{r['max']:.3f}; {s['magic_steps_per_s']['median']:.2f} vs "
+                     f"{s['torchrun_steps_per_s']['median']:.2f} steps/s; rank 0's CPU per step "
+                     f"{s['magic_cpu_ms_per_step']['median']:.1f} vs "
+                     f"{s['torchrun_cpu_ms_per_step']['median']:.1f} ms"
+                     + teardown_note(s.get("torchrun"))))
+    return rows
+
+
+def _boosting(d: dict) -> list[dict]:
+    """Boosting rounds/s of xgb.train in a cell on 2 engines against one process (1 and 2
+    threads) and xgboost.dask on a LocalCluster of the same size; LightGBM's against one process."""
+    rates = d["rounds_per_s"]
+    rows = []
+    for key, name, baseline in (
+            ("phalanx_vs_one_thread", "one process, 1 thread", "one_thread"),
+            ("phalanx_vs_two_threads", "one process, 2 threads", "two_threads"),
+            ("phalanx_vs_xgboost_dask", "xgboost.dask on a 2-worker LocalCluster", "dask")):
+        r = d[key]
+        rows.append(_row("boosting", f"xgb.train on 2 engines vs {name}: rounds/s "
+                         f"({d['rows']} rows, {d['rounds']} rounds, hist)", r["ratio"],
+                         "reported", None,
+                         f"median of {len(r['pairs'])} paired ratios, spread {r['min']:.2f}-"
+                         f"{r['max']:.2f}; {rates['phalanx']['median']:.1f} vs "
+                         f"{rates[baseline]['median']:.1f} rounds/s"))
+    if "lightgbm_phalanx_vs_one_thread" in d:
+        r = d["lightgbm_phalanx_vs_one_thread"]
+        rows.append(_row("boosting", "lgb.train on 2 engines vs one process, 1 thread: rounds/s",
+                         r["ratio"], "reported", None,
+                         f"median of {len(r['pairs'])} paired ratios, spread {r['min']:.2f}-"
+                         f"{r['max']:.2f}; {rates['lgb_phalanx']['median']:.1f} vs "
+                         f"{rates['lgb_one_thread']['median']:.1f} rounds/s (the network's set-up "
+                         "in every train call counts)"))
+    return rows
+
+
 def _generic(section: str) -> Callable[[dict], list[dict]]:
     """Sections that report their own rows as ``{"summary": [{name, value, target, met, detail}]}``."""
     def rows(d: dict) -> list[dict]:
@@ -262,7 +334,8 @@ def _history(d: dict) -> list[dict]:
 
 
 _SUMMARIZERS = {"history": _history, "metrics": _metrics, "latency": _latency, "throughput": _throughput, "cluster_start": _start,
-                "allreduce": _allreduce, "network": _network, "frameworks": _frameworks}
+                "allreduce": _allreduce, "network": _network, "frameworks": _frameworks,
+                "sharded": _sharded, "boosting": _boosting}
 
 
 def summarize(sections: dict[str, dict]) -> list[dict]:

@@ -36,7 +36,6 @@ from __future__ import annotations
 import ast
 import json
 import os
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -44,7 +43,7 @@ from typing import Any
 
 import psutil
 
-from _common import parse_args, save, stats
+from _common import paired, parse_args, save, stats
 from _torchrun import Torchrun
 
 PAIRS, QUICK_PAIRS = 5, 2
@@ -238,19 +237,13 @@ class MagicSide:
     """The scripts as ``%%distributed_fit`` cells in a real kernel with 2 warm engines."""
 
     def __init__(self, quick: bool) -> None:
-        from _kernel import Notebook, start_kernel
+        from _kernel import ClusterKernel
 
-        self.km = start_kernel()
-        self.kernel = psutil.Process(self.km.provisioner.pid)
-        self.notebook = Notebook(self.km)
+        self.cluster = ClusterKernel(2)
+        self.kernel = psutil.Process(self.cluster.pid)
+        self.notebook = self.cluster.notebook
         self.cells = {name: "%%distributed_fit --return figure\n" + script(name, quick)
                       for name, *_ in FRAMEWORKS}
-        try:
-            self.notebook.run("%load_ext phalanx\n%cluster start -n 2 --gpus none", timeout=300)
-        except BaseException:
-            self.notebook.close()
-            self.km.shutdown_kernel(now=True)
-            raise
 
     def run(self, name: str) -> tuple[dict, float]:
         """Rank 0's figure (with the kernel's CPU seconds during the cell), and the cell's wall
@@ -263,18 +256,8 @@ class MagicSide:
         return figure, wall
 
     def close(self) -> None:
-        try:
-            self.notebook.run("%cluster stop", timeout=120)
-        finally:
-            self.notebook.close()
-            self.km.shutdown_kernel(now=True)
+        self.cluster.close()
 
-
-def paired(candidate: list[float], baseline: list[float]) -> dict[str, Any]:
-    """The median of the pairs' own ratios, their spread and every pair."""
-    ratios = [c / b for c, b in zip(candidate, baseline)]
-    return {"ratio": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
-            "pairs": ratios}
 
 
 def measure(pairs: int, quick: bool) -> dict[str, Any]:

@@ -102,10 +102,10 @@ def take(page, server, raw: Path) -> None:
         """n => [...document.querySelectorAll('#phalanx .jp-Phalanx-dagNode')]
                 .filter(d => d.dataset.state === 'fitted').length >= n""", arg=MACHINES)
     train = page.locator(".jp-Notebook .jp-Cell").nth(TRAIN)
-    train.locator('img[alt^="metric curves"]').wait_for()
+    train.locator('img[alt^="metric curves"]').wait_for(state="attached")  # hidden by the live view
     execute_command(page, "docmanager:save")
     page.evaluate("() => window.jupyterapp.shell.collapseLeft()")  # room for the notebook
-    widen_right_sidebar(page, 330)
+    widen_right_sidebar(page, 175)  # from the panel's own 400 px
     panel.locator(".jp-Phalanx-dagNode[data-node='tree']").click()  # its details, as a person would
     _show(page, train)
     page.screenshot(path=str(raw / "lab-panel.png"))

@@ -1,5 +1,6 @@
 """Fakes for the kernel end of the lab panel's comm: comms that record what is sent, a comm
-manager that routes a panel's open to the target, a session, and a clock that only moves when told."""
+manager that routes a panel's open to the target, a session, and a clock that only moves when told;
+and :func:`finish_run`, a run as the session reports it (its record is the real one)."""
 
 from __future__ import annotations
 
@@ -64,6 +65,7 @@ class FakeSession:
         self.means: dict[str, list] = {}
         self.stop_reasons: list[str] = []
         self.running = True
+        self.last_record = None  # the session's record of its last run (set before run_ended)
 
     def scale(self, n, queue=False):
         if n == 3 and self.max_engines == 99:
@@ -114,3 +116,24 @@ def _engine(rank: int) -> dict:
 
 def _row(rank: int, step: int, loss: float = 1.0) -> dict:
     return {"rank": rank, "step": step, "t": float(step), "metrics": {"loss": loss}}
+
+
+def finish_run(session: FakeSession, run: str, name: str, steps: int = 10, status: str = "done",
+               error: str | None = None, wall_s: float = 1.5) -> None:
+    """A 2-rank run of ``steps`` steps logging ``loss`` as the session reports it: run_started,
+    then the record of the run (a real RunRecord with its history), then run_ended."""
+    from phalanx.fit import RunRecord
+    from phalanx.fit._history import MetricHistory
+
+    session.events.emit(events.run_started(run, 2, steps, "allreduce", name=name))
+    history = MetricHistory()
+    for rank in (0, 1):
+        history.extend(rank, [[s, float(s), {"loss": 1.0 / (s + rank + 1)}] for s in range(steps)])
+    parts = {"data": 0.6, "backward": 0.2, "wait": 0.1, "move": 0.0, "optimizer": 0.05,
+             "log": 0.0, "other": 0.05}
+    timing = {r: {"collective_s": 0.1, "collective_wait_s": 0.1, "collective_move_s": 0.0,
+                  "collectives": steps, "log_s": 0.0, "steps": steps, "step_s": 1.0,
+                  "parts": parts, "dominant": "data", "dominant_share": 0.6} for r in (0, 1)}
+    session.last_record = RunRecord(run, name, status, 2, wall_s, {0: steps, 1: steps}, history,
+                                    timing=timing, total_steps=steps)
+    session.events.emit(events.run_ended(run, status, wall_s, error))

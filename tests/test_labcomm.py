@@ -14,7 +14,8 @@ import pytest
 from phalanx import events
 from phalanx._labcomm import HISTORY_CHUNK_ROWS, MAX_COMMS, LabComm
 from phalanx.events import COMM_TARGET, validate_event
-from labcomm_fakes import FakeComm, FakeManager, FakeSession, FakeTime, _engine, _row
+from labcomm_fakes import (FakeComm, FakeManager, FakeSession, FakeTime, _engine, _row,
+                           finish_run)
 
 
 @pytest.fixture
@@ -62,8 +63,8 @@ def test_snapshot_carries_progress_and_the_whole_history_in_chunks(rig):
     comm = manager.open()
     assert comm.types() == ["snapshot", "metrics", "metrics"]
     inner = comm.sent[0]["events"]
-    assert [e["type"] for e in inner] == ["run_started", "progress"]
-    assert [r["step"] for r in inner[1]["ranks"]] == [3, 4]  # merged over both updates
+    assert [e["type"] for e in inner] == ["runs", "run_started", "progress"]
+    assert [r["step"] for r in inner[2]["ranks"]] == [3, 4]  # merged over both updates
     assert sum(len(m["rows"]) for m in comm.sent[1:]) == n_rows
     assert all(m["run"] == "r1" for m in comm.sent[1:])
 
@@ -253,7 +254,6 @@ def test_close_unregisters_and_closes_comms(rig):
     assert comm.types() == ["snapshot"]
 
 
-
 def test_register_uses_the_comm_package_by_default():
     """Outside a kernel the comm package's defaults work (no frontend: nothing is sent)."""
     import comm
@@ -318,6 +318,42 @@ def test_scale_from_the_panel_may_wait_for_the_run(rig, monkeypatch):
     monkeypatch.setattr(session, "scale", lambda n, queue=False: asked.append((n, queue)))
     manager.open().request({"v": 1, "type": "scale", "n": 2})
     assert asked == [(2, True)]  # queued (or resized at a commit) while a run goes, never lost
+
+
+def test_a_panel_lists_the_kernels_runs_and_gets_an_earlier_ones_record(rig):
+    """The run list a reloaded panel gets, and what picking an earlier run brings: its end, its
+    ranks' last steps and step parts, its curves (the digest of its real record)."""
+    session, manager, *_ = rig
+    finish_run(session, "k-1", "train", steps=10)
+    line = "rank 1 (engine 1 on host h, pid 11) raised ValueError after 3 step(s)"
+    finish_run(session, "k-2", "bad", steps=3, status="failed", error=line)
+    comm = manager.open()
+    listed = comm.sent[0]["events"][0]
+    assert [(e["name"], e["status"], e["wall_s"], e["error"]) for e in listed["runs"]] == [
+        ("train", "done", 1.5, None), ("bad", "failed", 1.5, line)]
+    comm.sent.clear()
+    comm.request({"v": 1, "type": "request_run", "run": "k-1"})
+    assert comm.types() == ["run_record", "metrics"]
+    record = validate_event(comm.sent[0])
+    assert (record["name"], record["status"], record["total_steps"]) == ("train", "done", 10)
+    assert [(r["rank"], r["step"]) for r in record["ranks"]] == [(0, 10), (1, 10)]
+    assert [t["parts"]["data"] for t in record["times"]] == [0.6, 0.6]
+    rows = validate_event(comm.sent[1])["rows"]
+    assert {(r["rank"], r["step"]) for r in rows} == {(r, s) for r in (0, 1) for s in range(10)}
+    assert comm.sent[1]["run"] == "k-1" and len(comm.sent[1]["means"]["loss"]) == 10
+
+
+def test_an_earlier_runs_zoomed_window_and_a_run_no_longer_kept(rig):
+    session, manager, *_ = rig
+    finish_run(session, "k-1", "train", steps=100)
+    finish_run(session, "k-2", "val", steps=5)
+    comm = manager.open()
+    comm.request({"v": 1, "type": "request_window", "run": "k-1", "start": 20, "end": 29})
+    window = validate_event(comm.sent[-1])
+    assert sorted({r["step"] for r in window["rows"]}) == list(range(20, 30))
+    assert [p[0] for p in window["means"]["loss"]] == list(range(20, 30))
+    comm.request({"v": 1, "type": "request_run", "run": "gone-7"})  # the panel lets it go
+    assert comm.types()[-1] == "runs" and len(comm.sent[-1]["runs"]) == 2
 
 
 def test_the_panel_picks_the_subshell_its_requests_run_on(rig):

@@ -199,3 +199,20 @@ def fault(rank, step):
     assert marker.exists()
     assert "at step 4 (2 rank(s) from the sharded commit)" in capsys.readouterr().out
     np.testing.assert_allclose(_flat(ns["net"]), _encoder_reference(start, ns, 8), atol=1e-5)
+
+
+def test_a_sharded_run_leaves_nothing_of_its_model_on_the_engines(two_engines, shell):
+    """Without --keep, a sharded run's model and optimizer are freed with the run (torch's
+    cache of the classes fully_shard derives held a cell's class, and through it the cell)."""
+    run_cell(shell, SETUP)
+    for _ in range(2):
+        run_cell(shell, "%%distributed_fit --no-widget --shard X,y\n"
+                        "import sys, weakref\nfrom phalanx import wrap\nSTEPS = 1\n"
+                        "model = wrap(Blocks(), shard=True)\n"
+                        "opt = torch.optim.AdamW(model.parameters())\n" + TRAIN +
+                        "sys.phalanx_test_refs = getattr(sys, 'phalanx_test_refs', []) + "
+                        "[weakref.ref(model), weakref.ref(opt)]\n")
+    run_cell(shell, "%%distributed_fit --no-widget --return alive\nimport gc, sys\ngc.collect()\n"
+                    "alive = [ref() is not None for ref in sys.phalanx_test_refs]\n"
+                    "del sys.phalanx_test_refs\n")
+    assert shell.user_ns["alive"] == [False] * 4

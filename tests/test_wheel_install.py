@@ -88,6 +88,9 @@ def test_the_changelog_opens_with_this_version():
     assert PYPROJECT["tool"]["hatch"]["version"]["path"] == "kernel_ext/phalanx/_version.py"
     releases = re.findall(r"^## (\S+)", (ROOT / "CHANGELOG.md").read_text(), re.M)
     assert releases and releases[0] == VERSION, releases
+    # `jupyter labextension list` shows the panel's own version: the same release
+    panel = json.loads((ROOT / "labextension" / "package.json").read_text())
+    assert panel["version"] == VERSION, "bump labextension/package.json with _version.py"
 
 
 def test_the_all_extra_is_every_user_extra():

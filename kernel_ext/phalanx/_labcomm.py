@@ -1,15 +1,16 @@
 """The kernel end of the JupyterLab panel: a ``phalanx`` comm target fed from the event bus.
 
 The panel opens a comm to target :data:`~phalanx.events.COMM_TARGET` and sends only typed
-requests (``request_snapshot``, ``scale``, ``stop``, ``stop_run``, ``request_window``); it never
-sends code.  This
+requests (``request_snapshot``, ``scale``, ``stop``, ``stop_run``, ``request_window``,
+``profile_next``, ``request_run``); it never sends code.  This
 module answers them and forwards every bus event to every open panel comm, throttled to about ten messages a
 second: ``cluster``/``progress``/``network`` states are coalesced (only the latest matters),
 metric rows are batched and thinned to a bounded number of points per line and flush, the way
 the panel downsamples them anyway, with the mean over ranks taken from every row (see
 :mod:`._outbox` and :mod:`._panel_stream`); the whole history stays in the kernel.
-A reloaded panel gets the run's downsampled curves; a zoomed chart asks for its step window and
-gets it at full resolution from the kernel's history.
+A reloaded panel gets the run's downsampled curves and the list of the kernel's runs; a picked
+earlier run gets its record and curves (:class:`~._panel_stream.RunArchive`); a zoomed chart asks
+for its step window and gets it at full resolution from the kernel's history.
 
 The panel talks over a kernel subshell where the kernel has them, so its requests are answered
 on that subshell's thread while a cell runs: everything here holds ``self._lock``, and the
@@ -34,7 +35,7 @@ from typing import Any, Callable, Mapping
 
 from . import events
 from ._outbox import Outbox, wire_safe
-from ._panel_stream import thin_metrics
+from ._panel_stream import RunArchive, history_chunks, thin_metrics
 from ._pump import answer_where_sent
 from .events import COMM_TARGET, SchemaError, validate_event, validate_request
 
@@ -89,6 +90,7 @@ class LabComm:
         self._comms: list[Any] = []
         self._outbox = Outbox()
         self._progress: dict[str, dict] = {}  # latest merged progress of the current run
+        self._runs = RunArchive()  # the kernel's runs, for the panel's run list
         self._next_at = 0.0
         self._cancel_timer: Callable[[], None] | None = None
         self._unsubscribe: Callable[[], None] | None = None
@@ -221,6 +223,10 @@ class LabComm:
             return None
 
     def _remember(self, event: dict) -> None:
+        # The run_ended of a run comes right after the session recorded it: its record is
+        # the last one.
+        ended = event["type"] == "run_ended"
+        self._runs.note(event, getattr(self._session, "last_record", None) if ended else None)
         # The bus snapshot has no progress (it is a stream); a reloaded panel still wants bars.
         if event["type"] == "run_started":
             self._progress = {}
@@ -285,6 +291,9 @@ class LabComm:
                 self._send(comm, self.window_message(request))
             elif kind == "profile_next":
                 self._session.profile_next_run(request.get("steps") or 5)
+            elif kind == "request_run":
+                for message in self.run_messages(request["run"]):
+                    self._send(comm, message)
         except Exception as exc:  # the kernel keeps working; the panel shows why
             log.exception("phalanx: lab panel request %r failed", kind)
             self._send(comm, self._cluster_error(f"{kind} failed: {exc}"))
@@ -309,8 +318,8 @@ class LabComm:
     def snapshot_messages(self) -> list[dict]:
         """What a freshly attached panel needs: one snapshot event, then history chunks.
 
-        The snapshot holds the bus's latest states with the current run's merged progress
-        right after its ``run_started``; the run's downsampled metric rows follow as
+        The snapshot holds the kernel's runs (``runs``), then the bus's latest states with the
+        current run's merged progress right after its ``run_started``; the run's downsampled metric rows follow as
         ``metrics`` events of at most :data:`HISTORY_CHUNK_ROWS` rows, the last with the
         downsampled mean line over ranks.  Example: ``[m["type"] for m in
         lab.snapshot_messages()] == ["snapshot", "metrics"]`` after a short run.
@@ -318,7 +327,8 @@ class LabComm:
         states = self._session.events.snapshot()
         with self._lock:
             progress = dict(self._progress)
-        contents: list[dict] = []
+            listed = self._runs.entries()
+        contents: list[dict] = [events.runs(listed)] if listed else []
         run = None
         for event in states:
             contents.append(event)
@@ -328,33 +338,41 @@ class LabComm:
                     contents.append(progress[run])
         messages = [events.snapshot(contents)]
         if run is not None:
-            rows, means = self._history()
-            starts = range(0, len(rows), HISTORY_CHUNK_ROWS)
-            for start in starts:
-                last = start == starts[-1]
-                chunk = events.metrics(run, rows[start:start + HISTORY_CHUNK_ROWS],
-                                       means if last else None)
-                messages.append(wire_safe(chunk))
-            if means and not rows:
-                messages.append(wire_safe(events.metrics(run, [], means)))
+            messages += history_chunks(run, *self._history(), HISTORY_CHUNK_ROWS)
         return messages
+
+    def run_messages(self, run: str) -> list[dict]:
+        """The answer to a panel's ``request_run``: the ended run's ``run_record`` and its curves
+        in ``metrics`` chunks.  The running run is the snapshot's; a run the kernel no longer
+        keeps gets the list of those it keeps (the panel then lets its pick go).
+
+        Example: ``[m["type"] for m in lab.run_messages("9c2b-1")] == ["run_record", "metrics"]``
+        """
+        found = self._runs.messages(run, HISTORY_CHUNK_ROWS)  # lookups only: no lock needed
+        with self._lock:
+            listed = self._runs.entries()
+        if found is not None:
+            return found
+        if any(e["run"] == run and e["status"] == "running" for e in listed):
+            return self.snapshot_messages()
+        return [wire_safe(events.runs(listed))]
 
     def window_message(self, request: Mapping[str, Any]) -> dict:
         """The ``history_window`` answering a zoomed chart's ``request_window``: the run's rows
         in the step window, read from the whole history (memory or disk), every row up to
-        ``max_points`` per line.  A request for another run than the current one gets no rows.
+        ``max_points`` per line; a run the kernel no longer keeps gets no rows.
 
         Example: ``lab.window_message({"run": "r1", "start": 100, "end": 200})["rows"]``
         """
         run, start, end = request["run"], request["start"], request["end"]
         current = [e["run"] for e in self._session.events.snapshot()
                    if e.get("type") == "run_started"]
-        rows: list[dict] = []
-        means: dict[str, list] = {}
+        limit = request.get("max_points") or WINDOW_POINTS
         if current and current[-1] == run:
-            limit = request.get("max_points") or WINDOW_POINTS
             rows = self._session.run_history_window(steps=(start, end), max_points=limit)
             means = self._session.run_history_window_means((start, end), max_points=limit)
+        else:  # a picked earlier run: from its record
+            rows, means = self._runs.window(run, start, end, limit) or ([], {})
         return wire_safe(events.history_window(run, start, end, rows, means))
 
     def _history(self) -> tuple[list[dict], dict[str, list]]:

@@ -1,4 +1,4 @@
-"""Metric rows on their way to the lab panel, bounded per flush.
+"""What the lab panel is sent about runs: metric rows bounded per flush, and the kernel's runs.
 
 A run that logs fast would send every row to every panel (8 ranks logging 1,000 steps a second
 is 8,000 rows a second on IOPub), while the panel keeps only a min/max-preserving downsampling
@@ -8,6 +8,10 @@ metrics.  Consecutive chunks thinned by M4 and downsampled again by the panel st
 chunk's extremes, so spikes and the last point survive.  The mean over ranks is not taken from
 these rows (one step's rows of different ranks are thinned differently): the kernel's digest
 takes it from every row and the event carries it as ``means``, thinned the same way here.
+
+The panel lists the kernel's runs and shows an earlier one when picked: :class:`RunArchive`
+keeps each run's entry and, once it ended, its record (its history is on disk by then, its
+curves a bounded digest), and answers the panel's ``request_run`` and zoomed windows from it.
 
 Example::
 
@@ -22,13 +26,20 @@ Example::
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
+from . import events
+from ._outbox import wire_safe
+from ._schema import SchemaError
 from .fit._downsample import m4_indices
 
 # Rows per rank in one flush (a few flushes a second): a line gains a few hundred points a second
 # at most, more than a chart a few thousand pixels wide redraws usefully.
 LINE_POINTS = 64
+# The runs a panel can list and pick from: the kernel's last this many.
+MAX_RUNS = 50
 
 
 def thin_metrics(event: dict, line_points: int = LINE_POINTS) -> dict:
@@ -59,3 +70,105 @@ def _kept_rows(rows: list[dict], line_points: int) -> np.ndarray:
             values = np.array([rows[i]["metrics"][name] for i in logged.tolist()], float)
             keep[logged[m4_indices(values, buckets)]] = True
     return np.flatnonzero(keep)
+
+
+def history_chunks(run: str, rows: list[dict], means: dict[str, list],
+                   chunk_rows: int) -> list[dict]:
+    """``run``'s curves as ``metrics`` events of at most ``chunk_rows`` rows, the last with the
+    mean lines (one message of unbounded size would hold up the comm)."""
+    starts = range(0, len(rows), chunk_rows)
+    out = [wire_safe(events.metrics(run, rows[start:start + chunk_rows],
+                                    means if start == starts[-1] else None))
+           for start in starts]
+    if means and not rows:
+        out.append(wire_safe(events.metrics(run, [], means)))
+    return out
+
+
+class RunArchive:
+    """The kernel's runs as the panel lists them, oldest first, and each ended run's record.
+
+    Fed every bus event (:meth:`note`), the record of the run that just ended with its
+    ``run_ended``; not thread-safe (the lab comm calls it under its lock).
+
+    Example::
+
+        >>> archive = RunArchive()
+        >>> archive.note(events.run_started("r1", 2, 10, "allreduce", name="train"))
+        >>> archive.note(events.run_ended("r1", "done", 1.5))
+        >>> [(e["name"], e["status"], e["wall_s"]) for e in archive.entries()]
+        [('train', 'done', 1.5)]
+    """
+
+    def __init__(self, limit: int = MAX_RUNS) -> None:
+        self._limit = limit
+        self._entries: dict[str, dict] = {}
+        self._details: dict[str, dict] = {}  # total_steps and strategy, from run_started
+        self._records: dict[str, Any] = {}
+
+    def note(self, event: dict, record: Any = None) -> None:
+        """Take in a bus event; ``record``: the session's last run record (kept with the
+        ``run_ended`` of its run)."""
+        if event["type"] not in ("run_started", "run_ended"):
+            return
+        run: str = event["run"]
+        if event["type"] == "run_started":
+            self._entries[run] = {"run": run, "name": event.get("name"), "status": "running",
+                                  "world_size": event["world_size"], "wall_s": None,
+                                  "error": None}
+            self._details[run] = {"total_steps": event.get("total_steps"),
+                                  "strategy": event.get("strategy")}
+            for old in list(self._entries)[:-self._limit]:
+                for kept in (self._entries, self._details, self._records):
+                    kept.pop(old, None)
+        elif run in self._entries:
+            self._entries[run].update(status=event["status"], wall_s=event["wall_s"],
+                                      error=event.get("error"))
+            if record is not None and getattr(record, "run_id", None) == run:
+                self._records[run] = record
+                self._entries[run]["world_size"] = record.world_size  # an elastic run's last
+
+    def entries(self) -> list[dict]:
+        """Every run listed, oldest first (``runs`` event entries)."""
+        return [dict(e) for e in self._entries.values()]
+
+    def record(self, run: str) -> Any:
+        """The record of ``run`` if it ended in this kernel and is still listed, else None."""
+        return self._records.get(run)
+
+    def messages(self, run: str, chunk_rows: int) -> list[dict] | None:
+        """What a panel that picked ``run`` needs: its ``run_record`` then its curves as
+        ``metrics`` chunks; None when the kernel has no record of it."""
+        record = self.record(run)
+        if record is None:
+            return None
+        record.curves()  # builds the digest of a record that has none
+        details = self._details.get(run, {})
+        total = record.total_steps if record.total_steps is not None else details.get("total_steps")
+        ranks = [{"rank": r, "step": int(record.steps.get(r, 0)), "total": total,
+                  "metrics": record.history.latest(r)} for r in range(record.world_size)]
+        times = [{"rank": r, **t} for r, t in sorted(record.timing.items())]
+        message = events.run_record(self._entries[run], total, details.get("strategy"), ranks,
+                                    times)
+        try:
+            first = wire_safe(events.validate_event(message))
+        except SchemaError:  # step parts of a shape the panel cannot draw: the rest still can
+            first = wire_safe(events.validate_event({**message, "times": []}))
+        digest = record.digest
+        return [first, *history_chunks(run, digest.wire_rows(), digest.mean_points(), chunk_rows)]
+
+    def window(self, run: str, start: float, end: float,
+               max_points: int) -> tuple[list[dict], dict[str, list]] | None:
+        """An ended run's rows and means in a step window at full resolution up to
+        ``max_points`` per line (a zoomed chart of a picked run); None without its record."""
+        from .fit._digest import MEAN, window_points, window_rows
+
+        record = self.record(run)
+        if record is None:
+            return None
+        history = record.history
+        means = {}
+        for name in history.metric_names():
+            xs, ys = window_points(history, name, MEAN, start, end, max_points=max_points)
+            means[name] = [[int(x), y] for x, y in zip(xs.tolist(), ys.tolist())]
+        return window_rows(history, (start, end), None, None, max_points), means

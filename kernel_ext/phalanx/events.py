@@ -70,6 +70,11 @@ _RANK_TIME: Shape = {
 }
 # A step window of one run (a zoomed chart), start <= end.
 _WINDOW: Shape = {"run": "string", "start": "number", "end": Field("number", not_before="start")}
+# One of the kernel's runs (the panel's run list) and what a finished run's record holds besides.
+_RUN_ENTRY: Shape = {
+    "run": "string", "name": "string?", "status": Field("string", choices=RUN_STATES),
+    "world_size": "int", "wall_s": "number?", "error": "string?",
+}
 
 
 def _inner_event(event: Any) -> None:
@@ -86,13 +91,17 @@ EVENT_FIELDS: dict[str, Shape] = {
     "progress": {"run": "string", "ranks": Field("list", items=_RANK_PROGRESS)},
     "metrics": {"run": "string", "rows": _ROWS, "means": _MEANS},
     "run_ended": {"run": "string", "status": Field("string", choices=RUN_STATES),
-                  "wall_s": "number"},
+                  "wall_s": "number", "error": "string?"},
     "network": {"network": "string", "nodes": Field("list", items=_NODE),
                 "edges": Field("list", items=Field("pair", items="string"))},
     "snapshot": {"events": Field("list", items=Field("object", then=_inner_event))},
     "memory": {"run": "string", "ranks": Field("list", items=_RANK_MEMORY)},
     "time": {"run": "string", "ranks": Field("list", items=_RANK_TIME)},
     "history_window": {**_WINDOW, "rows": _ROWS, "means": _MEANS},
+    "runs": {"runs": Field("list", items=_RUN_ENTRY)},
+    "run_record": {**_RUN_ENTRY, "total_steps": "number?", "strategy": "string?",
+                   "ranks": Field("list", items=_RANK_PROGRESS),
+                   "times": Field("list", items=_RANK_TIME)},
 }
 
 REQUEST_FIELDS: dict[str, Shape] = {
@@ -104,6 +113,8 @@ REQUEST_FIELDS: dict[str, Shape] = {
                                                       most=MAX_WINDOW_POINTS)},
     # the next run records ``steps`` (5) steps: --profile
     "profile_next": {"steps": Field("int", optional=True, least=1)},
+    # an earlier run's record (run_record, then its curves as metrics)
+    "request_run": {"run": "string"},
 }
 
 
@@ -185,7 +196,8 @@ def metrics(run: str, rows: Iterable[Mapping[str, Any]],
 
 
 def run_ended(run: str, status: str, wall_s: float, error: str | None = None) -> dict:
-    """A run finished (``status`` one of :data:`RUN_STATES`)."""
+    """A run finished (``status`` one of :data:`RUN_STATES`; ``error``: for a run that did not
+    finish, the first line of the cell's error, naming the rank, the exception and the step)."""
     return _event("run_ended", run=run, status=status, wall_s=wall_s, error=error)
 
 
@@ -245,6 +257,29 @@ def history_window(run: str, start: float, end: float, rows: Iterable[Mapping[st
     if means is not None:
         event["means"] = dict(means)
     return event
+
+
+def runs(entries: Iterable[Mapping[str, Any]]) -> dict:
+    """The kernel's runs, oldest first: ``[{run, name, status, world_size, wall_s, error}]``.
+
+    Example::
+
+        >>> ev = runs([{"run": "r1", "name": "train", "status": "done", "world_size": 2,
+        ...             "wall_s": 3.5}])
+        >>> validate_event(ev)["runs"][0]["name"]
+        'train'
+    """
+    return _event("runs", runs=[dict(e) for e in entries])
+
+
+def run_record(entry: Mapping[str, Any], total_steps: int | None, strategy: str | None,
+               ranks: Iterable[Mapping[str, Any]], times: Iterable[Mapping[str, Any]]) -> dict:
+    """An earlier run as the panel shows it when picked: its run list ``entry`` with its
+    ``total_steps`` and ``strategy``, each rank's last progress (``ranks``, as in
+    :func:`progress`) and step parts (``times``, as in :func:`time_parts`); its curves follow
+    as :func:`metrics` events."""
+    return _event("run_record", **dict(entry), total_steps=total_steps, strategy=strategy,
+                  ranks=[dict(r) for r in ranks], times=[dict(t) for t in times])
 
 
 def snapshot(events: Iterable[Mapping[str, Any]]) -> dict:

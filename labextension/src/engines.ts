@@ -2,6 +2,7 @@
  * Pure rules for the Cluster section: which engine-table columns carry
  * information, and when a request the panel sent has been answered. No DOM.
  */
+import type { IRankState } from './model';
 import type { IClusterEvent, IEngine, IRankMemory } from './protocol';
 
 export const ENGINE_COLUMNS = [
@@ -53,6 +54,35 @@ export function withLiveMemory(
       cuda_allocated_mb: m.cuda_allocated_mb ?? e.cuda_allocated_mb,
       cuda_reserved_mb: m.cuda_reserved_mb ?? e.cuda_reserved_mb,
       cuda_peak_mb: m.cuda_peak_mb ?? e.cuda_peak_mb
+    };
+  });
+}
+
+/** What `withRunState` needs of the kernel's newest run. */
+export interface IRunningRun {
+  readonly status: string;
+  readonly worldSize: number | null;
+  readonly ranks: ReadonlyMap<number, Pick<IRankState, 'step'>>;
+}
+
+/**
+ * The engines as a person should see them while `run` trains: the run's
+ * ranks `busy` at their step. The kernel's cluster events say `idle` through
+ * a run (its cluster layer keeps a slot idle while the run's engines train),
+ * as `merge_rows` in widgets/_cluster_table.py corrects for the notebook's table.
+ */
+export function withRunState(engines: readonly IEngine[], run: IRunningRun | null): IEngine[] {
+  if (!run || run.status !== 'running') {
+    return [...engines];
+  }
+  const world = run.worldSize ?? Math.max(-1, ...run.ranks.keys()) + 1;
+  return engines.map(e => {
+    const training = e.rank < world || run.ranks.has(e.rank);
+    const step = run.ranks.get(e.rank)?.step;
+    return {
+      ...e,
+      state: training && e.state === 'idle' ? 'busy' : e.state,
+      step: step ?? e.step
     };
   });
 }

@@ -18,6 +18,27 @@ export function duration(seconds: number | null | undefined): string {
   return `${Math.floor(s / 3600)} h ${Math.floor((s % 3600) / 60)} min`;
 }
 
+/**
+ * A run's wall time, the figure its run_ended event carries, as the cell's
+ * summary says it: 2.31 -> "2.31 s" (so the panel and the notebook read the
+ * same); from a minute on as the cell's live view does: 75 -> "1 min 15 s",
+ * 3725 -> "1 h 02 min".
+ */
+export function wallTime(seconds: number | null | undefined): string {
+  if (seconds === null || seconds === undefined || !Number.isFinite(seconds) || seconds < 0) {
+    return '–';
+  }
+  if (seconds < 59.995) {
+    return `${seconds.toFixed(2)} s`;
+  }
+  const s = Math.round(seconds);
+  const pad = (n: number): string => String(n).padStart(2, '0');
+  if (s < 3600) {
+    return `${Math.floor(s / 60)} min ${pad(s % 60)} s`;
+  }
+  return `${Math.floor(s / 3600)} h ${pad(Math.floor((s % 3600) / 60))} min`;
+}
+
 /** A fit time: "6 ms" below a second (where "0.00 s" would hide it), else "1.23 s". */
 export function fitTime(seconds: number | null | undefined): string {
   if (seconds === null || seconds === undefined || !Number.isFinite(seconds)) {

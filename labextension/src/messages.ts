@@ -107,6 +107,7 @@ export interface IRunEndedEvent extends IEventBase {
   run: string;
   status: RunStatus;
   wall_s: number;
+  /** A run that did not finish: the first line of the cell's error (rank, exception, step). */
   error?: string | null;
 }
 
@@ -175,6 +176,41 @@ export interface IHistoryWindowEvent extends IEventBase {
   means?: MeanPoints;
 }
 
+/** One of the kernel's runs as the run list shows it. */
+export interface IRunEntry {
+  run: string;
+  name?: string | null;
+  status: RunStatus;
+  world_size: number;
+  /** The run's wall time as its `run_ended` said (null while it runs). */
+  wall_s?: number | null;
+  error?: string | null;
+}
+
+/** Every run the kernel keeps, oldest first (in a snapshot; live runs follow as events). */
+export interface IRunsEvent extends IEventBase {
+  type: 'runs';
+  runs: IRunEntry[];
+}
+
+/**
+ * The kernel's record of an earlier run, answering `request_run`: how it ended,
+ * each rank's last progress and step parts. Its curves follow as `metrics` events.
+ */
+export interface IRunRecordEvent extends IEventBase {
+  type: 'run_record';
+  run: string;
+  name?: string | null;
+  status: RunStatus;
+  world_size: number;
+  total_steps?: number | null;
+  strategy?: string | null;
+  wall_s?: number | null;
+  error?: string | null;
+  ranks: IRankProgress[];
+  times: IRankTime[];
+}
+
 export type PhalanxEvent =
   | IClusterEvent
   | IRunStartedEvent
@@ -185,7 +221,9 @@ export type PhalanxEvent =
   | ISnapshotEvent
   | IMemoryEvent
   | ITimeEvent
-  | IHistoryWindowEvent;
+  | IHistoryWindowEvent
+  | IRunsEvent
+  | IRunRecordEvent;
 
 export type PhalanxRequest =
   | { v: number; type: 'request_snapshot' }
@@ -200,7 +238,8 @@ export type PhalanxRequest =
       end: number;
       max_points?: number;
     }
-  | { v: number; type: 'profile_next'; steps?: number };
+  | { v: number; type: 'profile_next'; steps?: number }
+  | { v: number; type: 'request_run'; run: string };
 
 /** The most points per line a zoomed chart may ask for (as in events.py). */
 export const MAX_WINDOW_POINTS = 100_000;

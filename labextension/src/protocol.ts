@@ -80,6 +80,16 @@ const WINDOW: Shape = {
   end: field('number', { notBefore: 'start' })
 };
 
+// One of the kernel's runs (the run list) and what a finished run's record holds besides.
+const RUN_ENTRY: Shape = {
+  run: 'string',
+  name: 'string?',
+  status: field('string', { choices: RUN_STATES }),
+  world_size: 'int',
+  wall_s: 'number?',
+  error: 'string?'
+};
+
 /** One event of a snapshot: any valid event but another snapshot. */
 function innerEvent(event: unknown): void {
   if (validateEvent(event).type === 'snapshot') {
@@ -101,7 +111,8 @@ export const EVENT_FIELDS: Record<PhalanxEvent['type'], Shape> = {
   run_ended: {
     run: 'string',
     status: field('string', { choices: RUN_STATES }),
-    wall_s: 'number'
+    wall_s: 'number',
+    error: 'string?'
   },
   network: {
     network: 'string',
@@ -111,7 +122,15 @@ export const EVENT_FIELDS: Record<PhalanxEvent['type'], Shape> = {
   snapshot: { events: field('list', { items: field('object', { then: innerEvent }) }) },
   memory: { run: 'string', ranks: field('list', { items: RANK_MEMORY }) },
   time: { run: 'string', ranks: field('list', { items: RANK_TIME }) },
-  history_window: { ...WINDOW, rows: ROWS, means: MEANS }
+  history_window: { ...WINDOW, rows: ROWS, means: MEANS },
+  runs: { runs: field('list', { items: RUN_ENTRY }) },
+  run_record: {
+    ...RUN_ENTRY,
+    total_steps: 'number?',
+    strategy: 'string?',
+    ranks: field('list', { items: RANK_PROGRESS }),
+    times: field('list', { items: RANK_TIME })
+  }
 };
 
 export const REQUEST_FIELDS: Record<PhalanxRequest['type'], Shape> = {
@@ -124,7 +143,9 @@ export const REQUEST_FIELDS: Record<PhalanxRequest['type'], Shape> = {
     max_points: field('int', { optional: true, least: 1, most: MAX_WINDOW_POINTS })
   },
   // the next run records `steps` (5) steps: --profile
-  profile_next: { steps: field('int', { optional: true, least: 1 }) }
+  profile_next: { steps: field('int', { optional: true, least: 1 }) },
+  // an earlier run's record (run_record, then its curves as metrics)
+  request_run: { run: 'string' }
 };
 
 function validate<T>(msg: unknown, shapes: Record<string, Shape>, kind: string): T {
@@ -194,6 +215,11 @@ export namespace Requests {
       end,
       ...(maxPoints === undefined ? {} : { max_points: maxPoints })
     });
+  }
+
+  /** Ask for an earlier run's record and curves (the run list's pick). */
+  export function run(id: string): PhalanxRequest {
+    return validateRequest({ v: SCHEMA_VERSION, type: 'request_run', run: id });
   }
 
   /** Record the next run's first `steps` optimizer steps on every rank (--profile). */

@@ -6,6 +6,7 @@ import html
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._durations import fmt_wall
 from ._history import MetricHistory
 
 
@@ -113,7 +114,7 @@ class RunRecord:
         return {k: v for k, v in shown.items() if v is not None}
 
     def __repr__(self) -> str:
-        lines = [f"run {self.name}: {self.status} in {self.wall_s:.2f} s on {self.world_size} "
+        lines = [f"run {self.name}: {self.status} in {fmt_wall(self.wall_s)} on {self.world_size} "
                  f"rank(s), {len(self.history)} metric rows"]
         for row in self.summary_rows():
             metrics = ", ".join(f"{k}={v:.4g}" for k, v in row.items() if k not in ("rank", "steps"))

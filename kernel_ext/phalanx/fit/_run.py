@@ -96,6 +96,13 @@ class FitRunner:
             if export is not None:
                 export.start()
             return self._attempts(job, slots, prepared, versions)
+        except BaseException as exc:  # ended between attempts (a restart or resize that raised)
+            if self.last is None or self.last.run_id != run_id:  # unrecorded: views still wait
+                said = str(exc).splitlines()[0].rstrip(":") if str(exc) else type(exc).__name__
+                self._emit(events.run_ended(
+                    run_id, "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed",
+                    time.monotonic() - job.started, said))
+            raise
         finally:
             tracker.stop()
             if export is not None:  # every row is in: the rest, the summary, the manifest
@@ -200,9 +207,9 @@ class FitRunner:
                 error.args = (f"{job.name} was stopped ({self.control.stopped_by}): {error.args[0]}",)
             first_error = first_error or error
             if status != "failed" or error.rank is None or restarts >= job.opts.max_restarts:
-                self._record(job, slots, results, status, versions, prepared).failed_rank = \
-                    error.rank
                 final = _final(first_error, error, restarts)
+                self._record(job, slots, results, status, versions, prepared,
+                             final.args[0]).failed_rank = error.rank
                 if job.opts.train.returns:
                     final.args = (final.args[0] + _what_came_back(status, results,
                                                                   job.opts.train.returns),
@@ -244,7 +251,7 @@ class FitRunner:
         return status, results
 
     def _record(self, job: Job, slots: list, results: dict[int, RankResult], status: str,
-                versions: list[dict], prepared: Prepared) -> RunRecord:
+                versions: list[dict], prepared: Prepared, error: str | None = None) -> RunRecord:
         wall = time.monotonic() - job.started
         tracker = job.tracker
         tracker.drain()  # every row that arrived is in the digest the summary and manifest use
@@ -264,7 +271,9 @@ class FitRunner:
             record.manifest["profile"] = os.path.basename(record.profile.path) if record.profile else None
         self.last = record
         self._held_by = (_engine_set(slots), record.held)
-        self._emit(events.run_ended(job.run_id, status, wall, None if status == "done" else status))
+        # the line the cell's error starts with (rank, exception, step), for the panel
+        record.error = error.splitlines()[0].rstrip(":") if error else None
+        self._emit(events.run_ended(job.run_id, status, wall, record.error))
         if status in ("done", "interrupted"):  # interrupted: what was trained until the stop
             blob = results[0].returns if 0 in results else None
             if blob is not None:

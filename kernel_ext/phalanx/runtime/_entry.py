@@ -326,6 +326,7 @@ def _install_hooks(run: RunContext, namespace: dict, shard: tuple[str, ...]) -> 
     from ._framework_logs import watch_framework_logs
     from ._hooks import StepHooks, attach_existing_optimizers
     from ._lightgbm_world import watch_lightgbm
+    from ._sharded import release_derived_classes
     from ._xgboost_world import watch_xgboost
 
     hooks = StepHooks(run)
@@ -337,6 +338,7 @@ def _install_hooks(run: RunContext, namespace: dict, shard: tuple[str, ...]) -> 
     run.extra_cleanup.append(watch_double_split(run.rank, shard, namespace))
     run.extra_cleanup.append(watch_xgboost(run))
     run.extra_cleanup.append(watch_lightgbm(run))
+    run.extra_cleanup.append(release_derived_classes)
     return hooks
 
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Sequence
 
+from ..fit._durations import fmt_duration, fmt_wall  # noqa: F401  (the views' one place)
+
 DOT = " · "
 MAX_METRICS = 4  # more than a few numbers on one line stops being readable
 # bokeh's and matplotlib's Category10: the live plot and the saved summary colour ranks alike.
@@ -31,26 +33,6 @@ def rank_colour(rank: int) -> str:
         ('#1f77b4', True)
     """
     return PALETTE[rank % len(PALETTE)]
-
-
-def fmt_duration(seconds: float | None) -> str:
-    """``42 s``, ``2 min 05 s``, ``1 h 02 min``; ``–`` when unknown.
-
-    Example::
-
-        >>> fmt_duration(3725)
-        '1 h 02 min'
-    """
-    if seconds is None or seconds != seconds or seconds < 0:
-        return "–"
-    seconds = int(round(seconds))
-    if seconds < 60:
-        return f"{seconds} s"
-    minutes, secs = divmod(seconds, 60)
-    if minutes < 60:
-        return f"{minutes} min {secs:02d} s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes:02d} min"
 
 
 def fmt_number(value: Any) -> str:

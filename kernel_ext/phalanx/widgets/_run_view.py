@@ -29,7 +29,7 @@ import threading
 import time
 from typing import Any, Callable, Mapping
 
-from ._format import DOT, fmt_duration, fmt_rate, overall
+from ._format import DOT, fmt_duration, fmt_rate, fmt_wall, overall
 from ._plot import MAX_POINTS, WAITING_HTML, LivePlot
 from ._progress import ProgressPanel
 from ._series import Points, SeriesBuilder, merge
@@ -286,9 +286,11 @@ class RunView:
             self._show_header()
 
     def _show_header(self) -> None:
-        elapsed = self._wall if self._wall is not None else self._clock() - self._started
-        parts = [f"<b>{html.escape(self.name)}</b>", html.escape(self._status),
-                 f"{fmt_duration(elapsed)}", f"{self.world_size} rank(s)"]
+        # once ended: the run's own wall time, said as the summary and the panel say it
+        elapsed = fmt_wall(self._wall) if self._wall is not None \
+            else fmt_duration(self._clock() - self._started)
+        parts = [f"<b>{html.escape(self.name)}</b>", html.escape(self._status), elapsed,
+                 f"{self.world_size} rank(s)"]
         if any(int(r["step"]) > 0 for r in self._ranks):  # no "0 steps · – steps/s" before
             o = overall(list(self._ranks))
             parts.append(fmt_rate(o["steps_per_s"]) + " per rank")

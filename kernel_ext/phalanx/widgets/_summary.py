@@ -27,7 +27,7 @@ import logging
 import re
 from typing import Any
 
-from ._format import DOT, total_note
+from ._format import DOT, fmt_wall, total_note
 from ._svg_curves import curves_svg
 
 log = logging.getLogger("phalanx")
@@ -84,7 +84,7 @@ class RunSummary:
 
     def _one_line(self) -> str:
         r = self.record
-        return (f"{r.name}: {r.status} in {r.wall_s:.2f} s on {r.world_size} rank(s){DOT}"
+        return (f"{r.name}: {r.status} in {fmt_wall(r.wall_s)} on {r.world_size} rank(s){DOT}"
                 "no steps counted, no metrics logged")
 
     def __repr__(self) -> str:

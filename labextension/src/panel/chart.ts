@@ -206,7 +206,12 @@ export class LossChart {
       height: HEIGHT,
       scales: { x: { time: false }, y: logScale ? { distr: 3 } : {} },
       axes: [
-        { label: 'step', stroke: axisColor, grid: { stroke: gridColor } },
+        {
+          label: 'step',
+          stroke: axisColor,
+          grid: { stroke: gridColor },
+          values: (_u: uPlot, splits: number[]) => this._stepLabels(splits)
+        },
         { label: metric, stroke: axisColor, grid: { stroke: gridColor }, size: 56 }
       ],
       legend: { show: true, live: false },
@@ -214,6 +219,13 @@ export class LossChart {
       hooks: { setSelect: [u => this._onSelect(u)] },
       series
     };
+  }
+
+  /** uPlot's own labels, counted: tests read how many ticks a narrow chart keeps. */
+  private _stepLabels(splits: number[]): string[] {
+    const labels = splits.map(v => (v === null || v === undefined ? '' : uPlot.fmtNum(v)));
+    this.node.dataset.xTicks = String(labels.filter(l => l !== '').length);
+    return labels;
   }
 
   private _width(): number {

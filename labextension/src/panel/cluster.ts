@@ -4,7 +4,13 @@
  * never interrupted by a live update. After +, − or Stop the section says
  * what it waits for until the kernel answers (starting engines takes a while).
  */
-import { EngineColumn, engineColumns, PendingRequest, withLiveMemory } from '../engines';
+import {
+  EngineColumn,
+  engineColumns,
+  PendingRequest,
+  withLiveMemory,
+  withRunState
+} from '../engines';
 import * as fmt from '../format';
 import { PhalanxModel } from '../model';
 import { IClusterEvent, IEngine } from '../protocol';
@@ -40,8 +46,8 @@ export class ClusterView {
       { class: 'jp-Phalanx-button jp-Phalanx-stop', title: 'Stop the cluster' },
       'Stop'
     );
-    this._minus.onclick = () => this._scaleBy(-1);
-    this._plus.onclick = () => this._scaleBy(+1);
+    this._minus.onclick = () => this.scaleBy(-1);
+    this._plus.onclick = () => this.scaleBy(+1);
     this._stop.onclick = () => {
       this._pending = new PendingRequest('stopping…', this._cluster);
       this._actions.stop();
@@ -49,7 +55,7 @@ export class ClusterView {
     };
     this._count.onkeydown = event => {
       if (event.key === 'Enter') {
-        this._scaleTo(Number(this._count.value));
+        this.scaleTo(Number(this._count.value));
       }
     };
     this._tbody = h('tbody');
@@ -88,8 +94,12 @@ export class ClusterView {
       return;
     }
     showEmpty(this._section, null);
-    const live = model?.run?.status === 'running' ? model.run.memory : null;
-    const engines = withLiveMemory(cluster.engines, live).sort((a, b) => a.rank - b.rank);
+    // The kernel's running run, whichever run the Run section shows: its ranks train.
+    const latest = model?.latestRun ?? null;
+    const live = latest?.status === 'running' ? latest.memory : null;
+    const engines = withRunState(withLiveMemory(cluster.engines, live), latest).sort(
+      (a, b) => a.rank - b.rank
+    );
     const columns = engineColumns(engines);
     replaceChildren(this._head, ...columns.map(c => h('th', {}, c)));
     replaceChildren(
@@ -126,13 +136,25 @@ export class ClusterView {
     }
   }
 
-  private _scaleBy(delta: number): void {
+  /** The engines now, and the most the cluster may have (null: no cluster to scale). */
+  get scaling(): { engines: number; max: number; locked: boolean } | null {
+    const cluster = this._cluster;
+    if (!cluster || cluster.engines.length === 0) {
+      return null;
+    }
+    const locked = this._pending !== null || cluster.busy;
+    return { engines: cluster.engines.length, max: cluster.max_engines, locked };
+  }
+
+  /** One engine more or fewer, as + and − do. */
+  scaleBy(delta: number): void {
     if (this._cluster) {
-      this._scaleTo(this._cluster.engines.length + delta);
+      this.scaleTo(this._cluster.engines.length + delta);
     }
   }
 
-  private _scaleTo(n: number): void {
+  /** Scale to `n` engines, as the count box does: checked here, then asked of the kernel. */
+  scaleTo(n: number): void {
     const cluster = this._cluster;
     if (!cluster) {
       return;

@@ -3,7 +3,7 @@
  * follow and redraws at most ~10 times a second however fast events come.
  */
 import { LabIcon } from '@jupyterlab/ui-components';
-import { Widget } from '@lumino/widgets';
+import { SplitPanel, Widget } from '@lumino/widgets';
 
 import { ChangeKind, PhalanxModel } from '../model';
 import { PhalanxRequest, Requests } from '../protocol';
@@ -15,6 +15,15 @@ import { NetworkView } from './network';
 import { RunView } from './run';
 
 export const PANEL_ID = 'phalanx';
+/**
+ * The sidebar width the panel first opens at: room for the engine table and a
+ * chart with several ticks. JupyterLab opens side areas at about a fifth of the
+ * window (some 300 px on a laptop); the panel holds down to JupyterLab's
+ * narrowest sidebar (250 px) too.
+ */
+export const DEFAULT_WIDTH_PX = 400;
+/** Set once the panel has widened its sidebar in this browser: then the person's width wins. */
+const WIDENED_KEY = 'phalanx:sidebar-widened';
 /** A zoomed chart gets its window at full resolution up to this many points per line. */
 const WINDOW_POINTS = 20_000;
 
@@ -59,7 +68,8 @@ export class PhalanxPanel extends Widget {
     this._run = new RunView({
       stop: () => this._send(Requests.stopRun()),
       window: (run, start, end) => this._send(Requests.window(run, start, end, WINDOW_POINTS)),
-      profileNext: () => this._send(Requests.profileNext())
+      profileNext: () => this._send(Requests.profileNext()),
+      pick: id => this._model?.pick(id)
     });
     this._network = new NetworkView();
     this._kernelLabel = h('div', { class: 'jp-Phalanx-kernel' });
@@ -99,6 +109,35 @@ export class PhalanxPanel extends Widget {
     this._target?.session.refresh();
   }
 
+  /** Whether the followed kernel has a run going (what Stop Run acts on). */
+  get canStopRun(): boolean {
+    return this._model?.connection === 'attached' && this._model.latestRun?.status === 'running';
+  }
+
+  /** The cluster as the scale controls see it (null: nothing to scale). */
+  get scaling(): { engines: number; max: number; locked: boolean } | null {
+    this._renderNow();
+    return this._model?.connection === 'attached' ? this._cluster.scaling : null;
+  }
+
+  /** Stop the followed kernel's run: what the Run section's Stop run does. */
+  stopRun(): void {
+    this._renderNow();
+    this._run.requestStop();
+  }
+
+  /** Scale the followed kernel's cluster to `n` engines: what the count box does. */
+  scaleTo(n: number): void {
+    this._renderNow();
+    this._cluster.scaleTo(n);
+  }
+
+  /** One engine more or fewer: what + and − do. */
+  scaleBy(delta: number): void {
+    this._renderNow();
+    this._cluster.scaleBy(delta);
+  }
+
   override dispose(): void {
     if (this.isDisposed) {
       return;
@@ -125,6 +164,22 @@ export class PhalanxPanel extends Widget {
 
   protected override onAfterShow(): void {
     this._throttle.schedule();
+    if (!this._widened) {
+      this._widened = true;
+      if (firstTimeHere()) {
+        requestAnimationFrame(() => widenSidebar(this, DEFAULT_WIDTH_PX));
+      }
+    }
+  }
+
+  /**
+   * The views act on what they last drew; a hidden panel draws nothing, so a
+   * command brings them up to date first.
+   */
+  private _renderNow(): void {
+    if (this._dirty.size > 0) {
+      this._render();
+    }
   }
 
   private _render(): void {
@@ -134,10 +189,11 @@ export class PhalanxPanel extends Widget {
     const connection = model?.connection ?? 'no-kernel';
     this._kernelLabel.textContent = this._target?.label ?? '';
     this._kernelLabel.title = this._target ? `following the kernel of ${this._target.label}` : '';
-    // A kernel in the middle of a run is busy, not absent: say what runs.
-    const running = connection === 'attached' && model?.run?.status === 'running';
+    // A kernel in the middle of a run is busy, not absent: say what runs (whichever run is shown).
+    const latest = model?.latestRun ?? null;
+    const running = connection === 'attached' && latest?.status === 'running';
     this._status.textContent = running
-      ? `busy · ${model?.run?.name ?? 'a run'}`
+      ? `busy · ${latest?.name ?? 'a run'}`
       : STATUS_TEXT[connection];
     replaceChildren(this._hint, HINTS[connection]());
     this._hint.hidden = connection === 'attached';
@@ -154,6 +210,11 @@ export class PhalanxPanel extends Widget {
     if (dirty.has('connection') || dirty.has('network')) {
       this._network.update(model);
     }
+    // A picked earlier run the panel does not hold: ask the kernel for its record.
+    const wanted = connection === 'attached' ? model?.takeWantedRecord() : null;
+    if (wanted) {
+      this._send(Requests.run(wanted));
+    }
   }
 
   private _cluster: ClusterView;
@@ -166,4 +227,51 @@ export class PhalanxPanel extends Widget {
   private _model: PhalanxModel | null = null;
   private _target: IFollowed | null = null;
   private _dirty = new Set<ChangeKind>(['connection', 'cluster', 'run', 'metrics', 'network']);
+  private _widened = false;
+}
+
+/** Whether this browser has never widened the panel's sidebar (noted now). */
+function firstTimeHere(): boolean {
+  try {
+    if (window.localStorage.getItem(WIDENED_KEY) !== null) {
+      return false;
+    }
+    window.localStorage.setItem(WIDENED_KEY, '1');
+  } catch {
+    // No storage (a locked-down browser): widen at each page load instead.
+  }
+  return true;
+}
+
+/**
+ * Give the side area holding `widget` `width` pixels, taken from the largest
+ * other area (the documents), the way JupyterLab sizes its areas: relative
+ * sizes of the shell's split panel, which JupyterLab then keeps in the
+ * workspace. The documents keep at least half the room they had.
+ */
+export function widenSidebar(widget: Widget, width: number): void {
+  let area: Widget = widget;
+  let split = widget.parent;
+  while (split && !(split instanceof SplitPanel)) {
+    area = split;
+    split = split.parent;
+  }
+  const index = split ? split.widgets.indexOf(area) : -1;
+  if (!split || index < 0) {
+    return;
+  }
+  const total = split.node.clientWidth;
+  const px = split.relativeSizes().map(r => r * total);
+  let main = -1;
+  px.forEach((size, i) => {
+    if (i !== index && (main < 0 || size > px[main])) {
+      main = i;
+    }
+  });
+  const give = main < 0 ? 0 : Math.min(width - px[index], px[main] / 2);
+  if (give > 1) {
+    px[index] += give;
+    px[main] -= give;
+    split.setRelativeSizes(px);
+  }
 }

@@ -41,6 +41,18 @@ export function partShares(t: IRankTime | undefined): IPartShare[] {
   }));
 }
 
+/**
+ * The parts of at least 1% in words, largest first, so a caption cut short
+ * by a narrow panel still says where most of the time goes.
+ */
+export function captionParts(shares: readonly IPartShare[]): string {
+  return [...shares]
+    .filter(s => s.share >= 0.01)
+    .sort((a, b) => b.share - a.share)
+    .map(s => `${s.label} ${Math.round(s.share * 100)}%`)
+    .join(', ');
+}
+
 /** The stacked bar and its caption for one rank, or null before it finished a step. */
 export function partsBar(t: IRankTime | undefined): HTMLElement | null {
   const shares = partShares(t);
@@ -58,9 +70,8 @@ export function partsBar(t: IRankTime | undefined): HTMLElement | null {
         title: `${s.label}: ${Math.round(s.share * 100)}% (${s.seconds.toFixed(3)} s)`
       })
     );
-  const shown = shares
-    .filter(s => s.share >= 0.01)
-    .map(s => `${s.label} ${Math.round(s.share * 100)}%`);
+  const caption = `${perStep.toPrecision(3)} s/step: ${captionParts(shares)}`;
+  const slow = t.slow ? `slow: ${t.slow}` : null;
   return h(
     'div',
     { class: 'jp-Phalanx-parts', 'data-dominant': t.dominant ?? '' },
@@ -69,11 +80,8 @@ export function partsBar(t: IRankTime | undefined): HTMLElement | null {
       { class: 'jp-Phalanx-partsBar', role: 'img', 'aria-label': 'step time parts' },
       ...segments
     ),
-    h(
-      'span',
-      { class: 'jp-Phalanx-partsText' },
-      `${perStep.toPrecision(3)} s/step: ${shown.join(', ')}`
-    ),
-    t.slow ? h('span', { class: 'jp-Phalanx-slow' }, `slow: ${t.slow}`) : null
+    // One line each, cut with an ellipsis in a narrow panel; the whole text on hover.
+    h('span', { class: 'jp-Phalanx-partsText', title: caption }, caption),
+    slow ? h('span', { class: 'jp-Phalanx-slow', title: slow }, slow) : null
   );
 }

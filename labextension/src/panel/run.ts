@@ -1,6 +1,7 @@
 /**
- * Run section: one progress bar per rank (steps, rate, ETA, straggler mark)
- * and the loss chart over the run's whole history with a metric selector
+ * Run section: the kernel's runs (when there is more than one), then the
+ * shown run's progress bar per rank (steps, rate, ETA, straggler mark, step
+ * parts) and the loss chart over its whole history with a metric selector
  * and a log-scale toggle.
  */
 import * as fmt from '../format';
@@ -8,6 +9,7 @@ import { IRankState, IRunState, PhalanxModel } from '../model';
 import { LossChart, rankColor } from './chart';
 import { h, ISection, replaceChildren, section, showEmpty } from './dom';
 import { partsBar } from './parts';
+import { RunListView } from './runs';
 
 export interface IRunActions {
   /** Stop the running run (its cell says it was stopped; the engines stay). */
@@ -16,6 +18,8 @@ export interface IRunActions {
   window?(run: string, start: number, end: number): void;
   /** Record the next run's first steps on every rank with torch.profiler (--profile). */
   profileNext?(): void;
+  /** Show run `id` of the run list (null: follow the newest). */
+  pick?(id: string | null): void;
 }
 
 export class RunView {
@@ -30,12 +34,7 @@ export class RunView {
       },
       'Stop run'
     );
-    this._stop.onclick = () => {
-      this._stopping = this._run?.id ?? null;
-      this._stop.disabled = true;
-      this._stop.textContent = 'stopping…';
-      this._actions.stop();
-    };
+    this._stop.onclick = () => this.requestStop();
     this._profile = h(
       'button',
       {
@@ -46,7 +45,7 @@ export class RunView {
       'Profile next run'
     );
     this._profile.onclick = () => {
-      this._profileAfter = this._run?.id ?? null;
+      this._profileAfter = this._latest;
       this._actions.profileNext?.();
       this._showProfile();
     };
@@ -69,8 +68,10 @@ export class RunView {
       { class: 'jp-Phalanx-empty' },
       'No metrics logged yet: call phalanx.log(loss=...) in the loop.'
     );
-    this._error = h('div', { class: 'jp-Phalanx-error', role: 'alert' });
+    this._error = h('div', { class: 'jp-Phalanx-error jp-Phalanx-runError', role: 'alert' });
+    this._runs = new RunListView({ pick: id => this._actions.pick?.(id) });
     this._section.body.append(
+      this._runs.node,
       h('div', { class: 'jp-Phalanx-runControls' }, this._stop, this._profile),
       this._ranks,
       this._error,
@@ -89,15 +90,34 @@ export class RunView {
     return this._section.node;
   }
 
+  /**
+   * Stop the kernel's running run, as the Stop run button does (the palette's
+   * Stop Run comes here too); the button says it is stopping while it shows that run.
+   */
+  requestStop(): void {
+    this._stopping = this._running;
+    if (this._run !== null && this._run.id === this._running) {
+      this._stop.disabled = true;
+      this._stop.textContent = 'stopping…';
+    }
+    this._actions.stop();
+  }
+
   update(model: PhalanxModel | null): void {
     const run = model?.connection === 'attached' ? model.run : null;
     this._run = run;
+    const latest = model?.connection === 'attached' ? model.latestRun : null;
+    this._latest = latest?.id ?? null;
+    this._running = latest?.status === 'running' ? this._latest : null;
+    this._runs.update(model);
     this._showStop(run);
     this._showProfile();
     if (!run) {
       this._section.summary.textContent = '';
       this._section.summary.title = '';
       delete this._section.node.dataset.status;
+      delete this._section.node.dataset.run;
+      delete this._section.node.dataset.loaded;
       showEmpty(this._section, emptyMessage(model));
       this._chart.clear();
       return;
@@ -112,11 +132,17 @@ export class RunView {
       parts.push(`${run.worldSize} rank${run.worldSize === 1 ? '' : 's'}`);
     }
     if (run.wallS !== null) {
-      parts.push(fmt.duration(run.wallS));
+      parts.push(fmt.wallTime(run.wallS)); // run_ended's figure, as the cell says it
     }
-    this._section.summary.textContent = parts.join(' · ');
+    if (!run.loaded) {
+      parts.push('loading…');
+    }
+    // No-break spaces: a narrow sidebar wraps between parts, never inside "2 ranks".
+    this._section.summary.textContent = parts.map(p => p.replace(/ /g, '\u00a0')).join(' · ');
     this._section.summary.title = `run ${run.id}`;
     this._section.node.dataset.status = run.status;
+    this._section.node.dataset.run = run.id;
+    this._section.node.dataset.loaded = String(run.loaded);
     this._error.textContent = run.error ?? '';
     this._error.hidden = !run.error;
     const ranks = [...run.ranks.values()].sort((a, b) => a.rank - b.rank);
@@ -140,7 +166,7 @@ export class RunView {
 
   /** Armed from the click until a newer run starts (that run is the profiled one). */
   private _showProfile(): void {
-    if (this._profileAfter !== undefined && this._run?.id !== this._profileAfter) {
+    if (this._profileAfter !== undefined && this._latest !== this._profileAfter) {
       this._profileAfter = undefined;
     }
     const armed = this._profileAfter !== undefined;
@@ -183,10 +209,14 @@ export class RunView {
   }
 
   private _section: ISection;
+  private _runs: RunListView;
   private _stop: HTMLButtonElement;
   private _stopping: string | null = null;
+  /** The kernel's newest run and, while it runs, its id again, whichever run is shown. */
+  private _latest: string | null = null;
+  private _running: string | null = null;
   private _profile: HTMLButtonElement;
-  /** The run shown when Profile was clicked (undefined: not armed). */
+  /** The newest run when Profile was clicked (undefined: not armed). */
   private _profileAfter: string | null | undefined = undefined;
   private _ranks: HTMLElement;
   private _metric: HTMLSelectElement;
