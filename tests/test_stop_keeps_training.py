@@ -53,6 +53,24 @@ def _flat(model) -> np.ndarray:
 
 
 def test_stop_brings_the_model_back_as_of_the_step_it_stopped_at(two_engines, shell, capsys):
+    _stop_and_check_the_model(two_engines, shell, capsys)
+
+
+def test_stop_brings_the_model_back_when_a_peer_takes_the_interrupt_first(
+        two_engines, shell, capsys, monkeypatch):
+    """The stop's interrupt reaches rank 1 first: rank 1 gives up, which releases rank 0 from
+    the gradient allreduce it waits in before its own interrupt comes (here: never).  Rank 0
+    stopped at the same step boundary and brings its model back all the same."""
+    from phalanx.fit import _waiter
+
+    real = _waiter.signal_engines
+    first = two_engines.cluster.slots()[1].engine_id
+    monkeypatch.setattr(_waiter, "signal_engines", lambda cluster, targets, signum: real(
+        cluster, [t for t in targets if t == first], signum))
+    _stop_and_check_the_model(two_engines, shell, capsys)
+
+
+def _stop_and_check_the_model(two_engines, shell, capsys) -> None:
     run_cell(shell, SETUP)
     ns = shell.user_ns
     model, opt = ns["model"], ns["opt"]

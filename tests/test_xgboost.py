@@ -184,7 +184,7 @@ def test_a_rank_that_never_trains_is_named_at_the_collective_timeout(data, shell
     assert _engine_listening(data, 0) <= before
 
 
-def test_dask_client_runs_xgboost_dask_as_is_and_follows_scale(data, shell):
+def test_dask_client_runs_xgboost_dask_as_is_and_follows_scale(data, shell, capsys):
     import distributed
     import phalanx
     import xgboost.dask as dxgb
@@ -203,6 +203,16 @@ def test_dask_client_runs_xgboost_dask_as_is_and_follows_scale(data, shell):
     print(f"test RMSE: xgboost.dask {on_dask:.4f}, one process {alone:.4f}")
     assert abs(on_dask - alone) <= 0.01 * alone
     assert float(dX.sum().compute()) == pytest.approx(float(X.sum()), rel=1e-4)  # dask.array too
+
+    # %cluster status says when dask work runs on the engines
+    assert session.dask_tasks() == 0
+    future = client.submit(time.sleep, 3, pure=False)
+    deadline = time.monotonic() + 10
+    while not session.dask_tasks() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    shell.run_line_magic("cluster", "status")
+    assert "dask: 1 task(s) running on the engines" in capsys.readouterr().out
+    future.result()
 
     session.scale(1)
     try:

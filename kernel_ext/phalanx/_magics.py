@@ -105,6 +105,10 @@ class PhalanxMagics(Magics):
             kept = session.fits.kept_description()
             if kept:
                 print(f"kept on the engines (--keep): {kept}; %cluster forget NAMES releases them")
+            tasks = session.dask_tasks()
+            if tasks:
+                print(f"dask: {tasks} task(s) running on the engines (learning networks, "
+                      "phalanx.dask_client())")
         elif action == "forget":
             names = None if args.value is None else [n.strip() for n in args.value.split(",")]
             gone = session.forget(names)

@@ -300,6 +300,13 @@ class Session(RunHistoryQueries):
         return node.fit(cluster=self.cluster, on_event=self.events.emit, **kwargs)
 
     @_serialised
+    def dask_tasks(self) -> int | None:
+        """Dask tasks running on the engines now (a network's fits, ``dask_client()`` work);
+        None when dask is not started on the cluster."""
+        from .network._dask import dask_tasks_running
+
+        return dask_tasks_running(self.cluster) if self.cluster.running else None
+
     def dask_client(self) -> Any:
         """The cluster's dask client, dask's default (``phalanx.dask_client()``)."""
         if not self.cluster.running:

@@ -83,6 +83,22 @@ def dask_client(cluster: Any, timeout: float = 60.0, tls: bool | None = None,
     return client
 
 
+def dask_tasks_running(cluster: Any) -> int | None:
+    """How many dask tasks the engines' workers are running now; None where dask has not been
+    started on ``cluster`` (nothing is started to find out)."""
+    try:
+        ipp = _ipp_client(cluster)
+    except TypeError:
+        return None
+    cached = getattr(ipp, _CACHE_ATTR, None)
+    if cached is None or cached.status != "running":
+        return None
+    try:
+        return sum(len(keys) for keys in cached.processing().values())
+    except Exception:  # noqa: BLE001 - a scheduler going away: nothing runs there
+        return None
+
+
 def stop_dask(cluster: Any) -> bool:
     """Stop the dask scheduler and workers that :func:`dask_client` started for ``cluster``.
 

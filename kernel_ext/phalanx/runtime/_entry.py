@@ -27,7 +27,7 @@ from ._memory import collect_cuda_garbage
 from ._resume import StopForResize, make_checkpointer
 from ._fit_mode import mode_for
 from ._kept import keep, put_kept
-from ._returns import returned, returned_so_far
+from ._returns import released_by_a_stop, returned, returned_so_far
 from ._run_children import end_children_since
 from ._seam import CELL_FILENAME, Outcome, RankResult, RunSpec
 from ._state import RunContext, engine_state
@@ -131,9 +131,10 @@ def _run_cell(spec: RunSpec, shard_blobs: dict[str, bytes] | None, gate: Interru
                              memory=_memory_now(), **_progress(run))
         _shielded(_poison_group, state, exc)
         _shielded(end_children_since, started)  # nothing will wait for what the cell started
-        if outcome is Outcome.INTERRUPTED and namespace is not None:
+        if namespace is not None and (outcome is Outcome.INTERRUPTED or released_by_a_stop(exc)):
             # Stop or an interrupt: --return brings back what was trained so far, as a plain
-            # loop interrupted in the notebook keeps its model
+            # loop interrupted in the notebook keeps its model (the kernel uses it only when
+            # the run ended interrupted)
             failure = replace(failure, returns=returned_so_far(spec, namespace, sent))
         return replace(failure, wall_s=time.time() - started)
     finally:

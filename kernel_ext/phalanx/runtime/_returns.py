@@ -27,6 +27,15 @@ def returned(spec: RunSpec, namespace: dict, sent: Any) -> bytes | None:
     return _dumps(payload, sent) if payload is not None else None
 
 
+def released_by_a_stop(exc: BaseException) -> bool:
+    """Whether ``exc`` is a collective released because a peer was interrupted: the kernel's
+    Stop reached that rank first, and this one was waiting for it in the same step (gradients
+    are averaged before any update), so it stops as of the same whole number of steps."""
+    from .transport._comm_errors import CollectiveAborted
+
+    return isinstance(exc, CollectiveAborted) and "KeyboardInterrupt" in str(exc)
+
+
 def returned_so_far(spec: RunSpec, namespace: dict, sent: Any) -> bytes | None:
     """This rank's ``--return`` names as they are now (those the cell has defined), or None.
     A sharded model is not among them: gathering it needs every rank, and the stop released
