@@ -31,6 +31,9 @@ class Leftovers:
                          "kernel_listeners": len(_listeners([os.getpid()])),
                          "engine_threads": _engine_threads(cluster, engines),
                          "known": {p for ps in procs.values() for p in ps},
+                         # what ran here before the first fault (a test session's shared
+                         # JupyterLab, say) is not a run's leftover
+                         "before": {p.pid for p in psutil.Process().children(recursive=True)},
                          "temp": set(_listing(self.engine_tmp))}  # e.g. torch's compile cache
 
     def temp_files(self) -> list[str]:
@@ -51,7 +54,7 @@ class Leftovers:
     def found(self) -> list[str]:
         """What is there now beyond the baseline."""
         base, cluster = self.baseline, self.session.cluster
-        known = {p for ps in cluster.process_ids().values() for p in ps}
+        known = {p for ps in cluster.process_ids().values() for p in ps} | base.get("before", set())
         strays = [p.pid for p in psutil.Process().children(recursive=True)
                   if p.pid not in known and _running(p)]
         leaks = [f"process {p}" for p in strays]
