@@ -46,7 +46,7 @@ import psutil
 from _common import paired, parse_args, save, stats
 from _torchrun import Torchrun
 
-PAIRS, QUICK_PAIRS = 5, 2
+PAIRS, QUICK_PAIRS = 9, 2
 WARMUP = 5  # steps left out of the rate: DDP's first-iteration set-up, lazy allocations
 
 # Each script's first lines and its last: the clock at every optimizer step's end, and rank 0's

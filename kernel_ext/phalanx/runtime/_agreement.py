@@ -42,6 +42,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from ._join import KIND_CHECK
+
 CHECK_EVERY = 100  # optimizer steps between checks (``--check-every``; 0: only at the end)
 
 
@@ -86,8 +88,6 @@ def check_every_steps(run: Any) -> None:
     """After an optimizer step: the periodic check, where the strategy promises agreement after
     every step.  A control round first, so ranks that ran out of data (uneven inputs, which
     still answer rounds) take part; while some have, the check waits for the end of the run."""
-    from ._join import KIND_CHECK
-
     every = run.train.check_every
     if run.agreement != "always" or not every or run.steps % every:
         return

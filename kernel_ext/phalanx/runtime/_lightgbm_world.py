@@ -41,6 +41,7 @@ import warnings
 from typing import Any, Callable
 
 from ._import_watch import when_loaded
+from ._library_patches import install_patch, take_back_patches, unpatched
 from ._metrics import to_number
 
 # (module, attribute) of each reference to LightGBM's ``train`` that a cell reaches
@@ -67,7 +68,7 @@ class _LightGBMWorld:
     def wrap_train(self) -> None:
         import sys
 
-        original = _unwrapped(sys.modules["lightgbm.engine"].train)
+        original = unpatched(sys.modules["lightgbm.engine"].train)
         if not self.active:
             return
         signature = inspect.signature(original)
@@ -82,8 +83,8 @@ class _LightGBMWorld:
 
         train._phalanx_world = True  # type: ignore[attr-defined]
         for module_name, attribute in _TRAIN:
-            self.undo.append(when_loaded(module_name, functools.partial(_install, attribute,
-                                                                        train)))
+            install = functools.partial(install_patch, attribute, train)
+            self.undo.append(when_loaded(module_name, install))
 
     def train(self, original: Callable, signature: inspect.Signature, args: tuple,
               kwargs: dict) -> Any:
@@ -127,7 +128,7 @@ class _LightGBMWorld:
         for undo in reversed(self.undo):
             undo()
         self.undo.clear()
-        _take_back()
+        take_back_patches(_TRAIN)
 
 
 def _group_of(run: Any) -> Any:
@@ -199,26 +200,6 @@ def _check_same(run: Any, model: str) -> None:
         warnings.warn(f"rank {run.rank}: LightGBM's ranks ended with different models: its "
                       "distributed training did not keep them in step", RuntimeWarning,
                       stacklevel=4)
-
-
-def _unwrapped(fn: Any) -> Any:
-    while getattr(fn, "_phalanx_world", False):
-        fn = fn.__wrapped__
-    return fn
-
-
-def _install(attribute: str, installed: Any, module: Any) -> None:
-    if callable(getattr(module, attribute, None)):  # absent while lightgbm's __init__ runs
-        setattr(module, attribute, installed)
-
-
-def _take_back() -> None:
-    import sys
-
-    for module_name, attribute in _TRAIN:
-        module = sys.modules.get(module_name)
-        if module is not None and hasattr(module, attribute):
-            setattr(module, attribute, _unwrapped(getattr(module, attribute)))
 
 
 def watch_lightgbm(run: Any) -> Callable[[], None]:

@@ -44,6 +44,7 @@ import warnings
 from typing import Any, Callable
 
 from ._import_watch import when_loaded
+from ._library_patches import install_patch, take_back_patches, unpatched
 from ._metrics import to_number
 
 log = logging.getLogger("phalanx")
@@ -79,7 +80,7 @@ class _XGBoostWorld:
     def wrap_train(self) -> None:
         import sys
 
-        original = _unwrapped(sys.modules["xgboost.training"].train)
+        original = unpatched(sys.modules["xgboost.training"].train)
         if not self.active:
             return
         signature = inspect.signature(original)
@@ -94,14 +95,14 @@ class _XGBoostWorld:
         train._phalanx_world = True  # type: ignore[attr-defined]
         for module_name, attribute in _TRAIN:
             # modules loaded later (xgboost's own __init__, its sklearn) import the wrapper
-            self.undo.append(when_loaded(module_name, functools.partial(_install, attribute,
-                                                                        train)))
+            install = functools.partial(install_patch, attribute, train)
+            self.undo.append(when_loaded(module_name, install))
 
     def wrap_quantile(self, core: Any) -> None:
         cls = getattr(core, "QuantileDMatrix", None)
         if cls is None or not self.active:
             return
-        original = _unwrapped(cls.__init__)
+        original = unpatched(cls.__init__)
         world = self
 
         @functools.wraps(original)
@@ -179,31 +180,15 @@ class _XGBoostWorld:
             _take_back()
 
 
-def _unwrapped(fn: Any) -> Any:
-    """``fn`` without phalanx's wrappers (a run that ended took its own back; this also takes
-    back one a module imported while the wrapper was in place)."""
-    while getattr(fn, "_phalanx_world", False):
-        fn = fn.__wrapped__
-    return fn
-
-
-def _install(attribute: str, installed: Any, module: Any) -> None:
-    if callable(getattr(module, attribute, None)):  # absent while xgboost's __init__ runs
-        setattr(module, attribute, installed)
-
-
 def _take_back() -> None:
     """Every reference to ``train`` and ``QuantileDMatrix.__init__`` back to XGBoost's own."""
     import sys
 
-    for module_name, attribute in _TRAIN:
-        module = sys.modules.get(module_name)
-        if module is not None and hasattr(module, attribute):
-            setattr(module, attribute, _unwrapped(getattr(module, attribute)))
+    take_back_patches(_TRAIN)
     core = sys.modules.get("xgboost.core")
     cls = getattr(core, "QuantileDMatrix", None)
     if cls is not None:
-        cls.__init__ = _unwrapped(cls.__init__)
+        cls.__init__ = unpatched(cls.__init__)
 
 
 def _listening_anywhere() -> set[int]:
