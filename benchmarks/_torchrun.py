@@ -20,6 +20,7 @@ Example::
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -114,3 +115,81 @@ class Torchrun:
         return {"launches": self.launches, "crashed_at_teardown": len(self.crashes),
                 "crashes": list(self.crashes)}
 
+
+
+# What a served launch's workers run: wait for each order (a script's path, in the file
+# ``order-K`` of the launch's folder), run that script, and from rank 0 put the script's
+# ``figure`` in ``figure-K.json`` (written whole, then renamed).  "exit" ends them.  Waiting is a
+# 5 ms sleep loop: the workers take no measurable CPU while the other side runs.
+SERVE = """\
+import json, os, runpy, sys, time
+folder, rank, order = sys.argv[1], int(os.environ["RANK"]), 0
+while True:
+    path = os.path.join(folder, f"order-{order}")
+    while not os.path.exists(path):
+        time.sleep(0.005)
+    script = open(path).read()
+    if script == "exit":
+        break
+    figure = runpy.run_path(script, run_name="__main__")["figure"]
+    if rank == 0:
+        done = os.path.join(folder, f"figure-{order}.json")
+        with open(done + ".tmp", "w") as out:
+            json.dump(figure, out)
+        os.replace(done + ".tmp", done)
+    order += 1
+"""
+
+
+class ServedTorchrun:
+    """One ``torchrun`` launch whose workers stay up and run a script each time they are asked,
+    as warm engines run a cell: imports, the process group and the allocator are warm on both
+    sides, so the two can alternate run by run (seconds apart) instead of launch by cell, and a
+    drift of the machine hits both alike.
+
+    Example::
+
+        served = ServedTorchrun(folder)
+        served.run(Path("train_x.py"))    # rank 0's ``figure`` of that run
+        served.close()
+    """
+
+    def __init__(self, folder: Path, nproc: int = 2, env: Mapping[str, str] | None = None,
+                 timeout: float = 600) -> None:
+        self.folder, self.timeout, self.orders = folder, timeout, 0
+        (folder / "serve.py").write_text(SERVE)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone",
+             f"--nproc-per-node={nproc}", str(folder / "serve.py"), str(folder)],
+            stdout=subprocess.DEVNULL, stderr=(folder / "torchrun.log").open("w"),
+            env={**os.environ, **dict(env or {})}, cwd=HERE)
+
+    def run(self, script: Path) -> Any:
+        figure_file = self.folder / f"figure-{self.orders}.json"
+        self._order(str(script))
+        deadline = time.monotonic() + self.timeout
+        while not figure_file.exists():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.process.kill()
+                raise RuntimeError("the served torchrun ended or stalled without its figure:\n"
+                                   + (self.folder / "torchrun.log").read_text()[-3000:])
+            time.sleep(0.005)
+        return json.loads(figure_file.read_text())
+
+    def _order(self, text: str) -> None:
+        """The next order, whole: the workers poll for the file, so it appears by a rename."""
+        order = self.folder / f"order-{self.orders}"
+        order.with_suffix(".tmp").write_text(text)
+        os.replace(order.with_suffix(".tmp"), order)
+        self.orders += 1
+
+    def close(self) -> None:
+        """Ask the workers to exit, and make sure they did (once: a second call does nothing)."""
+        if self.process.poll() is not None:
+            return
+        self._order("exit")
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()

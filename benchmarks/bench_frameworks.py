@@ -22,11 +22,14 @@ script, torchrun's workers run the script's file.  Nothing is downloaded: the mo
 from code or a config (a two-layer ``BertConfig`` classifier, a small MLP), the data is
 generated.  Every script sets ``torch.set_num_threads(1)`` (2 workers on this 2-core machine).
 
-Pairs alternate which launcher goes first, so a slow moment of a shared machine hits both; a
-ratio is the median of the pairs' own ratios, with their spread.  One torchrun launch runs the
-Trainer script alone (its wall time is row 2's), another runs the accelerate and Lightning
-scripts in turn (each worker imports once, as each engine does).  The torchrun launches are
-judged by the figures rank 0 printed (see _torchrun.py); crashes at teardown are counted.
+Both sides are warm, as a notebook's engines are: the torchrun side is one launch whose two
+workers stay up and run a script each time they are asked (``_torchrun.ServedTorchrun``), so the
+two sides alternate run by run, seconds apart, and a drift of this shared machine hits both
+alike.  A ratio is the median of the pairs' own ratios, with a 95% interval of that median: a
+target inside the interval is not decided by the run.  Fresh ``torchrun`` launches of the
+Trainer script alone (process start and imports included) give row 2's baseline and, beside
+it, the steps/s of a fresh process.  Launches are judged by the figures rank 0 wrote (see
+_torchrun.py); crashes at teardown are counted.
 
     python benchmarks/bench_frameworks.py [--json OUT] [--quick]
 """
@@ -44,9 +47,10 @@ from typing import Any
 import psutil
 
 from _common import paired, parse_args, save, stats
-from _torchrun import Torchrun
+from _torchrun import ServedTorchrun, Torchrun
 
-PAIRS, QUICK_PAIRS = 9, 2
+PAIRS, QUICK_PAIRS = 15, 2
+FRESH, QUICK_FRESH = 3, 1  # fresh torchrun launches of the Trainer (row 2)
 WARMUP = 5  # steps left out of the rate: DDP's first-iteration set-up, lazy allocations
 
 # Each script's first lines and its last: the clock at every optimizer step's end, and rank 0's
@@ -215,22 +219,34 @@ def _figures(line: str) -> dict:
 
 
 class TorchrunSide:
-    """The scripts as files, launched under torchrun: the Trainer alone, the others together."""
+    """The scripts as files under torchrun: one served launch that runs them on request, and
+    fresh launches of the Trainer alone."""
 
     def __init__(self, root: Path, quick: bool) -> None:
-        self.torchrun = Torchrun(nproc=2, env={"GLOO_SOCKET_IFNAME": "lo"})
+        env = {"GLOO_SOCKET_IFNAME": "lo"}
+        self.torchrun = Torchrun(nproc=2, env=env)
         (root / "run_scripts.py").write_text(RUN_SCRIPTS)
         self.files = {}
         for name, *_ in FRAMEWORKS:
             self.files[name] = root / f"train_{name}.py"  # not a module's name (accelerate)
             self.files[name].write_text(script(name, quick))
         self.root = root
+        (root / "served").mkdir()
+        self.served = ServedTorchrun(root / "served", nproc=2, env=env)
+
+    def run(self, name: str) -> dict:
+        """One run of ``name``'s script by the served launch: rank 0's figure."""
+        return self.served.run(self.files[name])
 
     def launch(self, names: list[str]) -> tuple[dict, float]:
-        """Each script's figure, and the launch's wall time (torchrun's start to its exit)."""
+        """A fresh launch: each script's figure, and the launch's wall time (torchrun's start
+        to its exit)."""
         done = self.torchrun.run([self.root / "run_scripts.py", *(self.files[n] for n in names)],
                                  parse=_figures)
         return done.figure, done.wall_s
+
+    def close(self) -> None:
+        self.served.close()
 
 
 class MagicSide:
@@ -260,42 +276,48 @@ class MagicSide:
 
 
 
-def measure(pairs: int, quick: bool) -> dict[str, Any]:
+def measure(pairs: int, fresh: int, quick: bool) -> dict[str, Any]:
     names = [name for name, *_ in FRAMEWORKS]
     figures: dict[str, dict[str, list[dict]]] = {n: {"magic": [], "torchrun": []} for n in names}
+    fresh_figures: list[dict] = []
     walls: dict[str, list[float]] = {"warm_cell": [], "fresh_torchrun": []}
     with tempfile.TemporaryDirectory(prefix="bench-frameworks-") as tmp:
         torchrun = TorchrunSide(Path(tmp), quick)
         magic = MagicSide(quick)
         try:
-            for name in names:  # warm: the engines' imports, the first cell of each
+            for name in names:  # warm: imports, each framework's first run, on both sides
                 magic.run(name)
+                torchrun.run(name)
             print(f"warm; {pairs} pairs", flush=True)
             for i in range(pairs):
+                for j, name in enumerate(names):
+                    for side in (["torchrun", "magic"] if (i + j) % 2 == 0 else
+                                 ["magic", "torchrun"]):
+                        figure = torchrun.run(name) if side == "torchrun" else magic.run(name)[0]
+                        figures[name][side].append(figure)
+                print(f"pair {i + 1}: " + ", ".join(
+                    f"{n} {figures[n]['magic'][-1]['steps_per_s']:.1f} vs "
+                    f"{figures[n]['torchrun'][-1]['steps_per_s']:.1f} steps/s" for n in names),
+                    flush=True)
+            torchrun.close()
+            for i in range(fresh):  # row 2: the re-run against a fresh launch, alternating
                 for side in (["torchrun", "magic"] if i % 2 == 0 else ["magic", "torchrun"]):
                     if side == "torchrun":
                         hf, wall = torchrun.launch(["hf_trainer"])
                         walls["fresh_torchrun"].append(wall)
-                        others, _ = torchrun.launch(["accelerate", "lightning"])
-                        for name, figure in {**hf, **others}.items():
-                            figures[name]["torchrun"].append(figure)
+                        fresh_figures.append(hf["hf_trainer"])
                     else:
-                        for name in names:
-                            figure, wall = magic.run(name)
-                            figures[name]["magic"].append(figure)
-                            if name == "hf_trainer":
-                                walls["warm_cell"].append(wall)
-                print(f"pair {i + 1}: " + ", ".join(
-                    f"{n} {figures[n]['magic'][-1]['steps_per_s']:.1f} vs "
-                    f"{figures[n]['torchrun'][-1]['steps_per_s']:.1f} steps/s" for n in names)
-                    + f"; Trainer {walls['warm_cell'][-1]:.2f} s warm vs "
-                    f"{walls['fresh_torchrun'][-1]:.2f} s fresh", flush=True)
+                        walls["warm_cell"].append(magic.run("hf_trainer")[1])
+                print(f"fresh launch {i + 1}: Trainer {walls['warm_cell'][-1]:.2f} s warm vs "
+                      f"{walls['fresh_torchrun'][-1]:.2f} s fresh", flush=True)
         finally:
+            torchrun.close()
             magic.close()
     return {"frameworks": {n: summarize_framework(n, figures[n], quick) for n in names},
             "rerun": {"warm_cell_s": stats(walls["warm_cell"]),
                       "fresh_torchrun_s": stats(walls["fresh_torchrun"]),
-                      "fresh_vs_warm": paired(walls["fresh_torchrun"], walls["warm_cell"])},
+                      "fresh_vs_warm": paired(walls["fresh_torchrun"], walls["warm_cell"]),
+                      "fresh_launch_steps_per_s": stats([f["steps_per_s"] for f in fresh_figures])},
             "torchrun": torchrun.torchrun.record()}
 
 
@@ -322,14 +344,17 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(__doc__, argv)
     os.environ.update(OFFLINE)
     started = time.perf_counter()
-    data = measure(QUICK_PAIRS if args.quick else PAIRS, args.quick)
+    data = measure(QUICK_PAIRS if args.quick else PAIRS, QUICK_FRESH if args.quick else FRESH,
+                   args.quick)
     data.update(pairs=QUICK_PAIRS if args.quick else PAIRS, warmup_steps=WARMUP,
+                baseline="one torchrun launch, its workers warm, alternating with the cells",
                 target=">= 0.97x torchrun's steps/s", measured_s=time.perf_counter() - started)
     for name, f in data["frameworks"].items():
         r = f["magic_vs_torchrun"]
         print(f"{name:11s} {f['magic_steps_per_s']['median']:7.1f} vs "
               f"{f['torchrun_steps_per_s']['median']:7.1f} steps/s: {r['ratio']:.3f}x "
-              f"(pairs {r['min']:.3f}-{r['max']:.3f}); rank 0's CPU per step "
+              f"(pairs {r['min']:.3f}-{r['max']:.3f}, 95% interval of the median "
+              f"{r['ci95'][0]:.3f}-{r['ci95'][1]:.3f}); rank 0's CPU per step "
               f"{f['magic_cpu_ms_per_step']['median']:.2f} vs "
               f"{f['torchrun_cpu_ms_per_step']['median']:.2f} ms; kernel CPU a cell "
               f"{f['kernel_cpu_s_per_cell']['median']:.2f} s")

@@ -78,3 +78,24 @@ def test_the_throughput_and_latency_rows_say_their_torchrun_crashes_too():
     by_name = {r["name"]: r["detail"] for r in rows}
     assert by_name["2 workers wrap() (DDP) vs torchrun+DDP"] == "baseline 1000 samples/s" + said
     assert by_name["1 worker vs plain loop"] == "baseline 1000 samples/s"   # no torchrun in it
+
+
+def test_a_frameworks_ratio_is_judged_by_its_interval_and_one_inside_the_noise_is_undecided():
+    from _common import paired
+
+    section = _frameworks_section()
+    pairs = {"lightning": [0.80, 1.10, 0.90, 1.05, 0.95, 1.00, 0.85],   # wide: holds 0.97
+             "hf_trainer": [1.00, 0.99, 1.01, 0.995, 1.005, 0.998, 1.002]}  # narrow, above it
+    for name, ratios in pairs.items():
+        section["frameworks"][name]["magic_vs_torchrun"] = paired(ratios, [1.0] * len(ratios))
+    rows = {r["name"]: r for r in summarize({"frameworks": section})}
+    trainer = rows["HF Trainer, 2 engines vs torchrun: steps/s"]
+    lightning = rows["Lightning, 2 engines vs torchrun: steps/s"]
+    assert trainer["met"] is True and "holds the target" not in trainer["detail"]
+    assert lightning["met"] is None   # a median of 0.95 alone would read as a miss
+    assert "95% interval of the median 0.850-1.050 holds the target: undecided" in lightning["detail"]
+    assert "| 0.95 | >= 0.97x | - |" in render_markdown({"kind": "test"}, [lightning])
+    below = paired([0.90, 0.91, 0.92, 0.90, 0.93], [1.0] * 5)
+    section["frameworks"]["lightning"]["magic_vs_torchrun"] = below
+    rows = {r["name"]: r for r in summarize({"frameworks": section})}
+    assert rows["Lightning, 2 engines vs torchrun: steps/s"]["met"] is False
