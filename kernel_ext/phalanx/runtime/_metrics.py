@@ -1,7 +1,8 @@
 """``log(**metrics)`` on an engine: a local buffer and a background sender to the kernel.
 
-The training loop only appends to a list; a daemon thread ships batches every 50 ms over a ZeroMQ
-PUSH socket to the kernel's PULL socket, so training never waits for the notebook.  The final
+The training loop only appends to a list; a daemon thread ships batches every 50 ms (every 250 ms
+when a batch would hold only the step count) over a ZeroMQ PUSH socket to the kernel's PULL
+socket, so training never waits for the notebook.  The final
 flush (at the end of a cell, or when it fails) is synchronous and marked ``final`` so the kernel
 knows it holds the complete history.
 
@@ -36,10 +37,9 @@ from typing import Any
 
 _FLUSH_INTERVAL_S = 0.05
 # A batch with only the step count and the step-time breakdown (a loop that calls no log():
-# a framework's with its logging off) goes at most this often.  At 20 batches a second from
-# every rank the engines ran a Trainer's steps about 3% slower (the kernel handles each batch
-# beside the engines on a shared host; measured, 2 ranks on 2 cores); a progress bar needs
-# no more than 4 updates a second.
+# a framework's with its logging off) goes at most this often.  At 20 such batches a second
+# from every rank a Trainer's steps ran about 3% slower than at 4 (measured: 2 ranks on 2
+# cores, paired runs in the same engines); a progress bar needs no more than 4 updates a second.
 _PROGRESS_INTERVAL_S = 0.25
 
 
