@@ -27,7 +27,7 @@ from ._agreement import check_every_steps
 from ._join import KIND_CHECK, KIND_GRADIENTS
 from ._state import RunContext, current_run, engine_state
 from ._sync import run_strategy
-from ._training_watch import TrainingWatch, is_dtensor
+from ._training_watch import TrainingWatch, framework_synced, is_dtensor
 
 
 def _optimizer_params(optimizer: Any) -> list:
@@ -55,6 +55,8 @@ class StepHooks:
         # id(optimizer) -> its parameters, from a step's pre-hook to its post-hook (listed once
         # a step: the list is a measurable part of a short step's hook time)
         self._stepping: dict[int, list] = {}
+        # id(optimizer) -> (the shape it was judged at, whether a framework owns all it holds)
+        self._owned: dict[int, tuple[Any, bool]] = {}
         # What trains, found as the cell runs (not only what optimizers hold): see
         # _training_watch.  Strategies that keep ranks apart on purpose get no syncing.
         kind = run_strategy(run)
@@ -94,6 +96,7 @@ class StepHooks:
             handle.remove()
         self._handles = []
         self._stepping.clear()
+        self._owned.clear()
         if self.watch is not None:
             self.watch.remove()
         self.grads.remove()
@@ -133,9 +136,27 @@ class StepHooks:
         if key in self._skip:
             return
         self.grads.check_closed()
+        if self._framework_owned(key, optimizer):
+            return
         self.grads.refresh()  # add_param_group, requires_grad switched on
         params = self._stepping[key] = _optimizer_params(optimizer)  # the post-hook's too
         self.run.strategies[key].before_step(params, self.run.steps)
+
+    def _framework_owned(self, key: int, optimizer: Any) -> bool:
+        """Whether a framework keeps every parameter of ``optimizer`` in step (a DDP model's,
+        FSDP2's DTensors: a Hugging Face ``Trainer``, ``accelerator.prepare``, Lightning), so an
+        averaging strategy has nothing to do at its steps.  Looked at again whenever its groups
+        or the framework's parameters change; the step hooks' work on such an optimizer was
+        about 5% of an accelerate loop's 3 ms step (measured, same engines with and without a
+        run around the loop)."""
+        shape = (len(self.run.ddp_param_ids), [len(g["params"]) for g in optimizer.param_groups])
+        known = self._owned.get(key)
+        if known is not None and known[0] == shape:
+            return known[1]
+        owned = self.run.strategies[key].averages_gradients and all(
+            framework_synced(self.run, p) for p in _optimizer_params(optimizer))
+        self._owned[key] = (shape, owned)
+        return owned
 
     def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         run, key = self.run, id(optimizer)
@@ -144,7 +165,7 @@ class StepHooks:
             if key == self._primary:
                 run.steps += 1
             raise KeyboardInterrupt
-        if key not in self._skip:
+        if key not in self._skip and not self._framework_owned(key, optimizer):
             strategy = run.strategies[key]
             params = self._stepping.pop(key, None)
             if params is None:  # a step whose pre-hook did not run to its end
