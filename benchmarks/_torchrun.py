@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tempfile
 import sys
 import time
 from dataclasses import dataclass
@@ -89,13 +90,15 @@ class Torchrun:
     def run(self, script_args: Sequence[object], parse: Callable[[str], Any] = float,
             timeout: float = 600) -> Launch:
         """Launch and wait; rank 0's figure is the last stdout line ``parse`` accepts."""
-        args = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                f"--nproc-per-node={self.nproc}", *map(str, script_args)]
-        started = time.perf_counter()
-        done = subprocess.run(args, capture_output=True, text=True, cwd=self.cwd,
-                              env={**os.environ, **self.env},
-                              timeout=timeout)
-        wall = time.perf_counter() - started
+        with tempfile.TemporaryDirectory(prefix="bench-torchrun-") as logs:
+            # a log folder of ours: torchrun's default is a new /tmp/torchelastic_* per launch
+            args = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                    f"--nproc-per-node={self.nproc}", f"--log-dir={logs}", *map(str, script_args)]
+            started = time.perf_counter()
+            done = subprocess.run(args, capture_output=True, text=True, cwd=self.cwd,
+                                  env={**os.environ, **self.env},
+                                  timeout=timeout)
+            wall = time.perf_counter() - started
         self.launches += 1
         figure = figure_line(done.stdout, parse)
         if figure is None:
@@ -160,7 +163,8 @@ class ServedTorchrun:
         (folder / "serve.py").write_text(SERVE)
         self.process = subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--standalone",
-             f"--nproc-per-node={nproc}", str(folder / "serve.py"), str(folder)],
+             f"--nproc-per-node={nproc}", f"--log-dir={folder / 'logs'}", str(folder / "serve.py"),
+             str(folder)],
             stdout=subprocess.DEVNULL, stderr=(folder / "torchrun.log").open("w"),
             env={**os.environ, **dict(env or {})}, cwd=HERE)
 

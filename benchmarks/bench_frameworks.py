@@ -106,13 +106,14 @@ torch.manual_seed(0)
 config = BertConfig(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                     intermediate_size=128, max_position_embeddings=64, num_labels=2)
 model = BertForSequenceClassification(config)
-args = TrainingArguments(output_dir=tempfile.mkdtemp(prefix="bench-hf-"), use_cpu=True,
-                         report_to="none", per_device_train_batch_size=BATCH, max_steps=STEPS,
-                         learning_rate=1e-3, save_strategy="no", logging_strategy="no",
-                         disable_tqdm=True, seed=0)
-trainer = Trainer(model=model, args=args, train_dataset=RandomSentences(STEPS * BATCH * WORLD),
-                  callbacks=[Stamps()])
-trainer.train()
+with tempfile.TemporaryDirectory(prefix="bench-hf-") as output_dir:
+    args = TrainingArguments(output_dir=output_dir, use_cpu=True, report_to="none",
+                             per_device_train_batch_size=BATCH, max_steps=STEPS,
+                             learning_rate=1e-3, save_strategy="no", logging_strategy="no",
+                             disable_tqdm=True, seed=0)
+    trainer = Trainer(model=model, args=args,
+                      train_dataset=RandomSentences(STEPS * BATCH * WORLD), callbacks=[Stamps()])
+    trainer.train()
 """
 
 ACCELERATE = """\
@@ -168,20 +169,22 @@ BATCH, WORLD = 32, int(os.environ["WORLD_SIZE"])
 L.seed_everything(0, verbose=False)
 X = torch.randn(STEPS * BATCH * WORLD, 64)
 y = torch.randint(0, 10, (len(X),))
-trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_steps=STEPS, max_epochs=1,
-                    logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                    enable_model_summary=False, callbacks=[Stamps()],
-                    default_root_dir=tempfile.mkdtemp(prefix="bench-pl-"))
-trainer.fit(Classifier(), DataLoader(TensorDataset(X, y), batch_size=BATCH, shuffle=True))
+with tempfile.TemporaryDirectory(prefix="bench-pl-") as root_dir:
+    trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_steps=STEPS,
+                        max_epochs=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[Stamps()], default_root_dir=root_dir)
+    trainer.fit(Classifier(), DataLoader(TensorDataset(X, y), batch_size=BATCH, shuffle=True))
 """
 
 FIGURE = "figure = rate_of(STAMPS, WARMUP, BATCH * WORLD)\n"
 
-# (name, label, script, steps, steps in a --quick run): 1-2.5 s of training each here.
+# (name, label, script, steps, steps in a --quick run): 3-5 s of training each here, long enough
+# that a pair is not decided by a second of the machine's noise (at 1-1.5 s, pairs spread 0.7-1.2x).
 FRAMEWORKS = [
-    ("hf_trainer", "HF Trainer (2-layer BERT classifier)", HF_TRAINER, 60, 30),
-    ("accelerate", "accelerate Accelerator(cpu=True) loop (MLP)", ACCELERATE, 300, 100),
-    ("lightning", 'Lightning Trainer(strategy="ddp") (MLP)', LIGHTNING, 150, 60),
+    ("hf_trainer", "HF Trainer (2-layer BERT classifier)", HF_TRAINER, 150, 30),
+    ("accelerate", "accelerate Accelerator(cpu=True) loop (MLP)", ACCELERATE, 1000, 100),
+    ("lightning", 'Lightning Trainer(strategy="ddp") (MLP)', LIGHTNING, 600, 60),
 ]
 
 # What torchrun's workers run: the scripts in turn (each worker imports once, as an engine does),

@@ -186,7 +186,8 @@ def launched(tmp_path_factory):
         scripts.append(root / f"train_{name}.py")
         scripts[-1].write_text(_script(name, root / name))
     (root / "run_all.py").write_text(RUN_ALL)
-    proc = subprocess.Popen([torchrun, "--standalone", "--nproc_per_node", "2", "run_all.py",
+    proc = subprocess.Popen([torchrun, "--standalone", "--nproc_per_node", "2",
+                             f"--log-dir={root / 'logs'}", "run_all.py",  # not a /tmp/torchelastic_*
                              *map(str, scripts)], cwd=root, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 

@@ -169,6 +169,7 @@ torch.manual_seed(5)
 net = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
 WRAP
 opt = torch.optim.SGD(net.parameters(), lr=0.1)
+LATE
 for step in range(6):
     opt.zero_grad()
     ((net(X) - y) ** 2).mean().backward()
@@ -177,16 +178,22 @@ FULL
 """
 
 
-@pytest.mark.parametrize("wrap,full", [
-    ("net = DDP(net)", "params = [p.detach().clone() for p in net.module.parameters()]"),
-    ("from torch.distributed.fsdp import fully_shard\nfully_shard(net[0]); fully_shard(net)",
+DDP_PARAMS = "params = [p.detach().clone() for p in net.module.parameters()]"
+
+
+# "ddp-late": the optimizer is made before the model is wrapped, as ``accelerator.prepare`` does
+@pytest.mark.parametrize("wrap,late,full", [
+    ("net = DDP(net)", "", DDP_PARAMS),
+    ("", "net = DDP(net)", DDP_PARAMS),
+    ("from torch.distributed.fsdp import fully_shard\nfully_shard(net[0]); fully_shard(net)", "",
      "params = [p.full_tensor().detach().clone() for p in net.parameters()]"),
-], ids=["ddp", "fsdp2"])
-def test_zero_change_mode_stands_aside_for_ddp_and_fsdp2_built_in_the_cell(two_engines, shell, wrap, full):
+], ids=["ddp", "ddp-late", "fsdp2"])
+def test_zero_change_mode_stands_aside_for_ddp_and_fsdp2_built_in_the_cell(two_engines, shell, wrap,
+                                                                           late, full):
     run_cell(shell, DATA)
-    body = FRAMEWORK_OWNED.replace("WRAP", wrap).replace("FULL", full)
+    body = FRAMEWORK_OWNED.replace("WRAP", wrap).replace("LATE", late).replace("FULL", full)
     run_cell(shell, "%%distributed_fit --no-widget --shard X,y --return params\n" + body)
-    ref = _reference(DATA, FRAMEWORK_OWNED.replace("WRAP", "").replace(
+    ref = _reference(DATA, FRAMEWORK_OWNED.replace("WRAP", "").replace("LATE", "").replace(
         "FULL", "params = [p.detach().clone() for p in net.parameters()]"))
     for got, want in zip(shell.user_ns["params"], ref["params"]):
         np.testing.assert_allclose(got, want, atol=1e-6)

@@ -122,13 +122,20 @@ class GradientSync:
         return [b for m in self._modules for b in m.buffers(recurse=False) if b is not None]
 
     def refresh(self) -> None:
-        """Hook parameters added since (``add_param_group``, ``requires_grad`` turned on)."""
+        """Hook parameters added since (``add_param_group``, ``requires_grad`` turned on), and
+        unhook those a framework took over since (an optimizer made before its model was
+        wrapped in DDP, as ``accelerator.prepare`` does): a hook left on them is a Python call
+        per parameter in every backward pass for nothing."""
         added = False
+        current = set()
         for _strategy, params in self._param_groups():
             for p in params:
+                current.add(id(p))
                 if id(p) not in self._hooks:
                     self._hooks[id(p)] = p.register_post_accumulate_grad_hook(self._on_grad)
                     added = True
+        for key in [k for k in self._hooks if k not in current]:
+            self._hooks.pop(key).remove()
         if added and self.forward_watch is not None:
             self.forward_watch.open()  # new parameters may come with new modules: look again
 

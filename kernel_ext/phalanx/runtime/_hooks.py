@@ -156,6 +156,7 @@ class StepHooks:
         owned = self.run.strategies[key].averages_gradients and all(
             framework_synced(self.run, p) for p in _optimizer_params(optimizer))
         self._owned[key] = (shape, owned)
+        self.grads.refresh()  # the framework's parameters changed: hooks follow
         return owned
 
     def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
