@@ -11,6 +11,8 @@ import signal
 
 import pytest
 
+pytest_plugins = ["leftover_processes"]  # what the tests leave running fails the run, named
+
 # Ctrl-C raises KeyboardInterrupt here however pytest was started.  A shell that runs a command in
 # the background (`make test &`, nohup, some CI runners) starts it with SIGINT ignored, and Python
 # then installs no handler: the tests that interrupt a run (as a person does with the kernel's
