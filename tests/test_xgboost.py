@@ -1,4 +1,4 @@
-"""Gradient boosting on a real 2-engine cluster: XGBoost's own collective inside
+"""Gradient boosting on a real 2-engine cluster: XGBoost's and LightGBM's own collectives inside
 ``%%distributed_fit`` (one model over every rank's shard, the same booster on every rank, rounds
 and evaluation metrics in the live views, nothing left listening, a killed rank named), and
 ``phalanx.dask_client()`` running ``xgboost.dask`` as it is."""
@@ -292,3 +292,42 @@ def test_lightgbm_train_on_shards_is_one_model_same_on_every_rank(data, shell, t
     for rank in (0, 1):
         assert [r["step"] for r in rows if r["rank"] == rank and "valid-l2" in r] == \
             list(range(1, ROUNDS + 1))
+
+
+def test_a_rank_killed_while_lightgbm_boosts_is_named_and_releases_the_other(data, shell):
+    pytest.importorskip("lightgbm")
+    from phalanx.fit import DistributedFitError
+
+    session = data
+    shell.user_ns["LGB_PARAMS"] = dict(LGB_PARAMS)
+    victim = session.cluster.slots()[1]
+    done = threading.Event()
+
+    def kill_once_it_boosts():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not done.is_set():
+            active = session.fits.active
+            if active is not None and active.steps.get(1, 0) >= 3:
+                os.kill(victim.pid, signal.SIGKILL)
+                return
+            time.sleep(0.02)
+
+    killer = threading.Thread(target=kill_once_it_boosts, daemon=True)
+    killer.start()
+    began = time.monotonic()
+    try:
+        with pytest.raises(DistributedFitError) as info:
+            run_cell(shell, "%%distributed_fit --shard X,y --no-widget\n"
+                     + LGB_TRAIN.replace(str(ROUNDS), "100_000"))
+    finally:
+        done.set()
+        killer.join(5)
+    took = time.monotonic() - began
+    print(f"killed rank reported after {took:.1f} s: {info.value}")
+    assert info.value.rank == 1 and "rank 1" in str(info.value), str(info.value)
+    assert took < 30, took
+    assert not _engine_listening(session, 0)   # the survivor's LightGBM network was freed
+    run_cell(shell, "%cluster restart 1")        # and the same engines train again
+    run_cell(shell, "%%distributed_fit --shard X,y --no-widget\n"
+             + LGB_TRAIN.replace(str(ROUNDS), "3"))
+    assert session.last_run().steps == {0: 3, 1: 3}
