@@ -17,10 +17,14 @@ Example (a world's wrapper of ``train``, and its end)::
 
 from __future__ import annotations
 
+import functools
+import inspect
 import sys
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
-__all__ = ["unpatched", "install_patch", "take_back_patches"]
+from ._import_watch import when_loaded
+
+__all__ = ["unpatched", "install_patch", "take_back_patches", "patch_everywhere"]
 
 
 def unpatched(fn: Any) -> Any:
@@ -44,3 +48,24 @@ def take_back_patches(references: Iterable[tuple[str, str]]) -> None:
         module = sys.modules.get(module_name)
         if module is not None and hasattr(module, attribute):
             setattr(module, attribute, unpatched(getattr(module, attribute)))
+
+
+def patch_everywhere(original: Any, references: Iterable[tuple[str, str]],
+                     ours: Callable[[], bool], handle: Callable[..., Any]) -> list:
+    """Wrap ``original`` (a library's ``train``) and install the wrapper at each ``(module name,
+    attribute)`` as the module loads; returns the hooks to undo.  A call the run takes
+    (``ours()``) goes to ``handle(original, signature, args, kwargs)``; any other (another
+    thread, a run that ended) to the library's own function."""
+    original = unpatched(original)
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if not ours():
+            return original(*args, **kwargs)
+        return handle(original, signature, args, kwargs)
+
+    wrapper._phalanx_world = True  # type: ignore[attr-defined]
+    # modules loaded later (the library's own __init__, its sklearn API) import the wrapper
+    return [when_loaded(name, functools.partial(install_patch, attribute, wrapper))
+            for name, attribute in references]

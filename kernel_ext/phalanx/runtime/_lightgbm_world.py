@@ -31,7 +31,6 @@ Example (the engine runtime, around the cell)::
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import inspect
 import math
@@ -41,7 +40,7 @@ import warnings
 from typing import Any, Callable
 
 from ._import_watch import when_loaded
-from ._library_patches import install_patch, take_back_patches, unpatched
+from ._library_patches import patch_everywhere, take_back_patches
 from ._metrics import to_number
 
 # (module, attribute) of each reference to LightGBM's ``train`` that a cell reaches
@@ -68,23 +67,13 @@ class _LightGBMWorld:
     def wrap_train(self) -> None:
         import sys
 
-        original = unpatched(sys.modules["lightgbm.engine"].train)
-        if not self.active:
-            return
-        signature = inspect.signature(original)
-        world = self
+        if self.active:
+            self.undo += patch_everywhere(sys.modules["lightgbm.engine"].train, _TRAIN,
+                                          self.ours, self.train)
 
-        @functools.wraps(original)
-        def train(*args: Any, **kwargs: Any) -> Any:
-            if not (world.active and threading.get_ident() == world.thread
-                    and world.run.world_size > 1):
-                return original(*args, **kwargs)
-            return world.train(original, signature, args, kwargs)
-
-        train._phalanx_world = True  # type: ignore[attr-defined]
-        for module_name, attribute in _TRAIN:
-            install = functools.partial(install_patch, attribute, train)
-            self.undo.append(when_loaded(module_name, install))
+    def ours(self) -> bool:
+        """A call this run trains over every rank: the cell's thread, while the run lasts."""
+        return self.active and threading.get_ident() == self.thread and self.run.world_size > 1
 
     def train(self, original: Callable, signature: inspect.Signature, args: tuple,
               kwargs: dict) -> Any:

@@ -44,7 +44,7 @@ import warnings
 from typing import Any, Callable
 
 from ._import_watch import when_loaded
-from ._library_patches import install_patch, take_back_patches, unpatched
+from ._library_patches import patch_everywhere, take_back_patches, unpatched
 from ._metrics import to_number
 
 log = logging.getLogger("phalanx")
@@ -80,23 +80,9 @@ class _XGBoostWorld:
     def wrap_train(self) -> None:
         import sys
 
-        original = unpatched(sys.modules["xgboost.training"].train)
-        if not self.active:
-            return
-        signature = inspect.signature(original)
-        world = self
-
-        @functools.wraps(original)
-        def train(*args: Any, **kwargs: Any) -> Any:
-            if not world.ours():
-                return original(*args, **kwargs)
-            return world.train(original, signature, args, kwargs)
-
-        train._phalanx_world = True  # type: ignore[attr-defined]
-        for module_name, attribute in _TRAIN:
-            # modules loaded later (xgboost's own __init__, its sklearn) import the wrapper
-            install = functools.partial(install_patch, attribute, train)
-            self.undo.append(when_loaded(module_name, install))
+        if self.active:
+            self.undo += patch_everywhere(sys.modules["xgboost.training"].train, _TRAIN,
+                                          self.ours, self.train)
 
     def wrap_quantile(self, core: Any) -> None:
         cls = getattr(core, "QuantileDMatrix", None)
