@@ -247,4 +247,4 @@ class ClusterKernel:
                 self.notebook.run("%cluster stop", timeout=120)
         finally:
             self.notebook.close()
-            self.km.shutdown_kernel(now=True)
+            self.km.shutdown_kernel(now=False)  # its atexit removes its scratch folders

@@ -113,7 +113,7 @@ def warm_in_a_kernel(repeats: int) -> dict:
         notebook.run("%cluster stop", timeout=120)
     finally:
         notebook.close()
-        km.shutdown_kernel(now=True)
+        km.shutdown_kernel(now=False)  # its atexit removes its scratch folders
     return {**{key: stats(values) for key, values in samples.items()},
             "bare_ipyparallel_round_trip_s": stats(bare)}
 

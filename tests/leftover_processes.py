@@ -8,7 +8,7 @@ processes still running are noted with the module; at the end of the session tho
 running a grace period later are reported, with the module after which each was first seen,
 and ended (SIGTERM, then SIGKILL) so that nothing outlives the test run.
 
-The report is written to a folder shared by the workers (``PHALANX_LEFTOVERS``, set by the
+The report is written to a folder shared by the workers (``PHALANX_LEFTOVERS``, named by the
 first pytest process) and printed in the terminal summary by the pytest process that started
 them.  A left-over process fails the session: "nothing is left running" is a promise every
 feature makes, and a leak found at the end of the suite without a module's name is a leak
@@ -26,6 +26,7 @@ import shutil
 import signal
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import psutil
@@ -35,10 +36,12 @@ MARK = "PHALANX_TEST_OWNER"
 FOLDER = "PHALANX_LEFTOVERS"
 GRACE_S = 15.0  # a process told to stop at a fixture's end may take a few seconds to exit
 
-# The first pytest process makes the folder (xdist's workers inherit it) and removes it at the end.
-_MADE_FOLDER = FOLDER not in os.environ
-if _MADE_FOLDER:
-    os.environ[FOLDER] = tempfile.mkdtemp(prefix="phalanx-test-leftovers-")
+# The first pytest process names the folder (xdist's workers inherit the name); it is made only
+# when there is something to report, and removed at the end by the process that named it.
+_NAMED_FOLDER = FOLDER not in os.environ
+if _NAMED_FOLDER:
+    os.environ[FOLDER] = os.path.join(tempfile.gettempdir(),
+                                      f"phalanx-test-leftovers-{os.getpid()}-{uuid.uuid4().hex[:8]}")
 os.environ[MARK] = str(os.getpid())
 _OWNER = os.environ[MARK]
 _first_seen: dict[tuple[int, float], tuple[str, str]] = {}  # (pid, start) -> (module, command)
@@ -99,7 +102,9 @@ def _end_leftovers_of_session():
             proc.kill()
         except psutil.Error:
             pass
-    Path(os.environ[FOLDER], f"leftovers-{os.getpid()}.txt").write_text("\n".join(lines) + "\n")
+    folder = Path(os.environ[FOLDER])
+    folder.mkdir(mode=0o700, exist_ok=True)
+    (folder / f"leftovers-{os.getpid()}.txt").write_text("\n".join(lines) + "\n")
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
@@ -124,5 +129,5 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 def pytest_unconfigure(config):
-    if _MADE_FOLDER:
+    if _NAMED_FOLDER:
         shutil.rmtree(os.environ[FOLDER], ignore_errors=True)

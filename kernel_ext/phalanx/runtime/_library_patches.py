@@ -9,8 +9,8 @@ original, and a new wrapper built over an old one would otherwise stack on it.
 
 Example (a world's wrapper of ``train``, and its end)::
 
-    train._phalanx_world = True       # functools.wraps(original) set train.__wrapped__
-    when_loaded("lightgbm", functools.partial(install_patch, "train", train))
+    undo = patch_everywhere(lightgbm.engine.train, (("lightgbm", "train"),), world.ours,
+                            world.train)  # world.train(original, signature, args, kwargs)
     ...
     take_back_patches((("lightgbm", "train"),))   # lightgbm.train is LightGBM's own again
 """
