@@ -63,7 +63,7 @@ def _marked() -> dict[tuple[int, float], psutil.Process]:
 
 def _command(proc: psutil.Process) -> str:
     try:
-        return " ".join(proc.cmdline())[:200] or proc.name()
+        return " ".join(proc.cmdline())[:600] or proc.name()
     except (psutil.Error, OSError):
         return "?"
 

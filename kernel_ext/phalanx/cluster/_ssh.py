@@ -34,6 +34,8 @@ from typing import Any, Callable
 from ._errors import ClusterError
 from ._launcher_base import LaunchOptions, RemoteLauncher
 from ._ssh_exit import end_on_hosts
+from ._ssh_waits import end as end_ssh_waits
+from ._ssh_waits import install as killable_ssh_waits
 
 log = logging.getLogger("phalanx")
 
@@ -70,6 +72,7 @@ class SshLauncher(RemoteLauncher):
 
     def __init__(self, options: LaunchOptions) -> None:
         super().__init__(options)
+        killable_ssh_waits()  # so that a stop leaves no ipyparallel wait session running
         self._hosts: dict[str, int] | None = None
         # on each host's own temporary folder; the name is not guessable by other users
         self._private = f"/tmp/phalanx-engines-{secrets.token_hex(8)}"
@@ -190,6 +193,7 @@ class SshLauncher(RemoteLauncher):
                     waiting = getattr(launcher, "_stop_waiting", None)
                     if waiting is not None:
                         waiting.set()
+                    end_ssh_waits(launcher)  # the wait session already under way, too
 
     def forget(self, engine_set: Any) -> None:
         self._let_go([engine_set], {launcher.pid for launcher in
