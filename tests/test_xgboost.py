@@ -122,39 +122,47 @@ def test_train_on_shards_is_one_model_same_on_every_rank_with_rounds_in_the_view
     assert record.total_steps == ROUNDS
 
 
-def test_a_rank_killed_while_boosting_is_named_and_releases_the_other(data, shell):
+def _rank_1_killed_while_boosting(session, shell, body: str):
+    """Run ``body`` for (nearly) endless rounds and SIGKILL rank 1's engine once it has boosted
+    3 rounds; returns the cell's DistributedFitError and the seconds the cell took."""
     from phalanx.fit import DistributedFitError
-    from phalanx.runtime import Outcome
 
-    session = data
     victim = session.cluster.slots()[1]
-    boosting = threading.Event()
+    done = threading.Event()
 
     def kill_once_it_boosts():
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not boosting.is_set():
+        while time.monotonic() < deadline and not done.is_set():
             active = session.fits.active
             if active is not None and active.steps.get(1, 0) >= 3:
                 os.kill(victim.pid, signal.SIGKILL)
                 return
             time.sleep(0.02)
 
-    survivor_before = _engine_listening(session, 0)
     killer = threading.Thread(target=kill_once_it_boosts, daemon=True)
     killer.start()
     began = time.monotonic()
     try:
         with pytest.raises(DistributedFitError) as info:
             run_cell(shell, "%%distributed_fit --shard X,y --no-widget\n"
-                     + TRAIN.replace(str(ROUNDS), "100_000"))
+                     + body.replace(str(ROUNDS), "100_000"))
     finally:
-        boosting.set()
+        done.set()
         killer.join(5)
     took = time.monotonic() - began
-    print(f"killed rank reported after {took:.1f} s")
-    assert info.value.rank == 1, str(info.value)
-    assert "rank 1" in str(info.value)
-    survivor = info.value.results[0]
+    print(f"killed rank reported after {took:.1f} s: {info.value}")
+    return info.value, took
+
+
+def test_a_rank_killed_while_boosting_is_named_and_releases_the_other(data, shell):
+    from phalanx.runtime import Outcome
+
+    session = data
+    survivor_before = _engine_listening(session, 0)
+    error, took = _rank_1_killed_while_boosting(session, shell, TRAIN)
+    assert error.rank == 1, str(error)
+    assert "rank 1" in str(error)
+    survivor = error.results[0]
     # released by XGBoost's own error (its peer's sockets closed), not left for phalanx to end
     assert survivor.outcome in (Outcome.RAISED, Outcome.INTERRUPTED), survivor
     assert took < 30
@@ -296,35 +304,11 @@ def test_lightgbm_train_on_shards_is_one_model_same_on_every_rank(data, shell, t
 
 def test_a_rank_killed_while_lightgbm_boosts_is_named_and_releases_the_other(data, shell):
     pytest.importorskip("lightgbm")
-    from phalanx.fit import DistributedFitError
 
     session = data
     shell.user_ns["LGB_PARAMS"] = dict(LGB_PARAMS)
-    victim = session.cluster.slots()[1]
-    done = threading.Event()
-
-    def kill_once_it_boosts():
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not done.is_set():
-            active = session.fits.active
-            if active is not None and active.steps.get(1, 0) >= 3:
-                os.kill(victim.pid, signal.SIGKILL)
-                return
-            time.sleep(0.02)
-
-    killer = threading.Thread(target=kill_once_it_boosts, daemon=True)
-    killer.start()
-    began = time.monotonic()
-    try:
-        with pytest.raises(DistributedFitError) as info:
-            run_cell(shell, "%%distributed_fit --shard X,y --no-widget\n"
-                     + LGB_TRAIN.replace(str(ROUNDS), "100_000"))
-    finally:
-        done.set()
-        killer.join(5)
-    took = time.monotonic() - began
-    print(f"killed rank reported after {took:.1f} s: {info.value}")
-    assert info.value.rank == 1 and "rank 1" in str(info.value), str(info.value)
+    error, took = _rank_1_killed_while_boosting(session, shell, LGB_TRAIN)
+    assert error.rank == 1 and "rank 1" in str(error), str(error)
     assert took < 30, took
     assert not _engine_listening(session, 0)   # the survivor's LightGBM network was freed
     run_cell(shell, "%cluster restart 1")        # and the same engines train again
