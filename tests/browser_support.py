@@ -41,6 +41,7 @@ from typing import Iterator
 import psutil
 import pytest
 from phalanx.cluster._procs import wait_processes_gone
+from deadlines import hang_limit
 
 CHROMIUM = os.environ.get("PHALANX_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
@@ -101,7 +102,7 @@ def _start_detached(argv: list[str], log: Path, env: dict, cwd: Path) -> psutil.
               "    print(subprocess.Popen(sys.argv[2:], stdout=out, stderr=subprocess.STDOUT,\n"
               "                           stdin=subprocess.DEVNULL).pid)\n")
     launched = subprocess.run([sys.executable, "-c", launch, str(log), *argv], env=env, cwd=cwd,
-                              capture_output=True, text=True, check=True, timeout=60)
+                              capture_output=True, text=True, check=True, timeout=hang_limit(60))
     return psutil.Process(int(launched.stdout))
 
 
@@ -226,7 +227,7 @@ def _api(server: LabServer, method: str, path: str):
     request = urllib.request.Request(f"{server.url}{path}", method=method,
                                      headers={"Authorization": f"token {server.token}"})
     try:
-        with urllib.request.urlopen(request, timeout=60) as answer:
+        with urllib.request.urlopen(request, timeout=hang_limit(60)) as answer:
             body = answer.read()
     except urllib.error.HTTPError as error:
         if error.code == 404:  # ended meanwhile (a session's kernel, listed before its session)
@@ -312,7 +313,7 @@ _NOTEBOOK = """const notebookAt = path => path
     : window.jupyterapp.shell.currentWidget;"""
 
 
-def wait_for_kernel_idle(page, timeout_ms: int = 60_000, notebook: str | None = None) -> None:
+def wait_for_kernel_idle(page, timeout_ms: int = hang_limit(60_000), notebook: str | None = None) -> None:
     page.wait_for_function(
         "path => { " + _NOTEBOOK + """
             const w = notebookAt(path);
@@ -332,7 +333,7 @@ def execute_command(page, command: str, args: dict | None = None) -> None:
                   [command, args or {}])
 
 
-def run_all_cells(page, timeout_ms: int = 240_000) -> None:
+def run_all_cells(page, timeout_ms: int = hang_limit(240_000)) -> None:
     """Run every cell of the current notebook and wait for the kernel to go idle again.
 
     The wait covers every cell, a cluster start included: minutes on a busy machine.
@@ -384,7 +385,7 @@ def start_cell(page, index: int, notebook: str | None = None) -> None:
         [index, notebook])
 
 
-def run_cell(page, index: int, timeout_ms: int = 180_000, notebook: str | None = None) -> str:
+def run_cell(page, index: int, timeout_ms: int = hang_limit(180_000), notebook: str | None = None) -> str:
     """Run cell ``index`` of the current notebook (or of ``notebook``) as a person would;
     return its text output.
 

@@ -10,8 +10,11 @@ import os
 import signal
 
 import pytest
+from deadlines import hang_limit
 
-pytest_plugins = ["leftover_processes"]  # what the tests leave running fails the run, named
+# what the tests leave running fails the run, named; every test module starts from a clean
+# notebook; --shuffle-modules SEED runs the modules in a shuffled order
+pytest_plugins = ["leftover_processes", "notebook_shell", "module_order"]
 
 # Ctrl-C raises KeyboardInterrupt here however pytest was started.  A shell that runs a command in
 # the background (`make test &`, nohup, some CI runners) starts it with SIGINT ignored, and Python
@@ -32,19 +35,6 @@ def pytest_collection_modifyitems(items):
 
     slow_modules = {item.module.__name__ for item in items if has_slow(item)}
     items.sort(key=lambda item: item.module.__name__ not in slow_modules)
-
-
-@pytest.fixture(scope="session")
-def shell():
-    """One IPython shell for the test session (IPython's shell is a process singleton)."""
-    from IPython.core.interactiveshell import InteractiveShell
-
-    ip = InteractiveShell.instance()
-    ip.run_line_magic("load_ext", "phalanx")
-    yield ip
-    from phalanx._session import close_session
-
-    close_session(ip)
 
 
 @pytest.fixture(scope="session")
@@ -81,7 +71,7 @@ def engine_pids(session) -> list[int]:
     return [s.pid for s in session.cluster.slots() if s.pid]
 
 
-def assert_all_gone(pids, timeout: float = 10.0) -> None:
+def assert_all_gone(pids, timeout: float = hang_limit(10.0)) -> None:
     """Every pid has exited (zombies count as gone)."""
     from phalanx.cluster._procs import wait_gone
 
@@ -97,7 +87,7 @@ def cluster_session(shell):
     session = session_for_shell(shell)
     if session.cluster.running:
         session.cluster.stop()
-    session.start_cluster(n=2, gpus="none", timeout=60)
+    session.start_cluster(n=2, gpus="none", timeout=hang_limit(60))
     yield session
     pids = engine_pids(session)
     session.stop_cluster()

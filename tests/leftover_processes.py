@@ -31,6 +31,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from deadlines import hang_limit
 
 MARK = "PHALANX_TEST_OWNER"
 FOLDER = "PHALANX_LEFTOVERS"
@@ -96,7 +97,7 @@ def _end_leftovers_of_session():
             proc.send_signal(signal.SIGTERM)
         except psutil.Error:
             pass
-    _gone, alive = psutil.wait_procs(list(still.values()), timeout=5)
+    _gone, alive = psutil.wait_procs(list(still.values()), timeout=hang_limit(5))
     for proc in alive:
         try:
             proc.kill()

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import psutil
+from deadlines import hang_limit
 
 PACKAGES = ("slurm-wlm", "munge")
 CPUS = 4
@@ -81,9 +82,9 @@ class SlurmCluster:
 
     def run(self, *command: str, check: bool = True) -> subprocess.CompletedProcess:
         return subprocess.run(list(command), capture_output=True, text=True, env=self.env,
-                              check=check, timeout=60)
+                              check=check, timeout=hang_limit(60))
 
-    def start(self, timeout: float = 90.0) -> None:
+    def start(self, timeout: float = hang_limit(90.0)) -> None:
         folder = self.folder
         for sub in ("state", "spool"):
             (folder / sub).mkdir()
@@ -129,7 +130,7 @@ class SlurmCluster:
         for proc in daemons:
             if proc.name().startswith("munged"):
                 proc.send_signal(signal.SIGTERM)
-        _, alive = psutil.wait_procs(daemons, timeout=20)
+        _, alive = psutil.wait_procs(daemons, timeout=hang_limit(20))
         for proc in alive:
             proc.kill()
         shutil.rmtree(self.folder, ignore_errors=True)

@@ -11,6 +11,7 @@ import time
 import pytest
 from conftest import held_until, run_cell
 from IPython.core.error import UsageError
+from deadlines import hang_limit
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -45,7 +46,7 @@ def test_a_background_run_returns_at_once_and_lands_its_returns(two_engines, she
         with pytest.raises(RuntimeError, match="has not ended yet"):
             run.result("w")
         gate.touch()
-        record = run.wait(timeout=120)
+        record = run.wait(timeout=hang_limit(120))
     finally:
         gate.touch()
         run.stop()
@@ -67,7 +68,7 @@ def test_stop_and_failure_of_background_runs(two_engines, shell):
         _wait_for(lambda: two_engines.fits.active is not None and two_engines.fits.active.history.rows())
         assert run.stop()
         with pytest.raises(DistributedFitError, match=r"long-bg was stopped \(long-bg.stop\(\)\)"):
-            run.wait(timeout=30)
+            run.wait(timeout=hang_limit(30))
     finally:
         run.stop()
         _settle(run)
@@ -77,13 +78,13 @@ def test_stop_and_failure_of_background_runs(two_engines, shell):
                               "from phalanx import allreduce\nallreduce(1.0)\n"
                               "if rank == 1:\n    raise ValueError('bad shard on rank 1')\n")
     with pytest.raises(DistributedFitError) as info:
-        failing.wait(timeout=60)
+        failing.wait(timeout=hang_limit(60))
     assert failing.status == "failed" and info.value.rank == 1
     assert "rank 1 (engine" in str(info.value) and "ValueError: bad shard on rank 1" in str(info.value)
     assert run_cell(shell, "%%distributed_fit --no-widget\nfrom phalanx import allreduce\nallreduce(1.0)\n") is None
 
 
-def _wait_for(condition, timeout: float = 60) -> None:
+def _wait_for(condition, timeout: float = hang_limit(60)) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, "timed out"
@@ -93,6 +94,6 @@ def _wait_for(condition, timeout: float = 60) -> None:
 def _settle(run) -> None:
     """Whatever the test did, the run has ended before the next test uses the engines."""
     try:
-        run.wait(timeout=60)
+        run.wait(timeout=hang_limit(60))
     except Exception:
         pass

@@ -11,6 +11,7 @@ import venv
 from pathlib import Path
 
 import pytest
+from deadlines import hang_limit
 
 # An install into a fresh environment, like the wheel test: run by `make test-dist` (CI), not
 # by `make test`, whose 15 minutes it would take 1.5 of.
@@ -43,7 +44,7 @@ def test_binder_steps_give_a_working_lab_and_quickstart(tmp_path):
                     ignore=shutil.ignore_patterns("node_modules", "lib", "*.tsbuildinfo"))
     _seed_node_modules(source / "labextension")
     build = subprocess.run(["bash", str(source / "binder" / "postBuild")], cwd=source, env=env,
-                           capture_output=True, text=True, timeout=1500)
+                           capture_output=True, text=True, timeout=hang_limit(1500))
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
     # postBuild ends by printing `jupyter labextension list` (and fails without the panel)
     listing = next((line for line in build.stdout.splitlines() if "phalanx-lab" in line), "")
@@ -53,13 +54,13 @@ def test_binder_steps_give_a_working_lab_and_quickstart(tmp_path):
     python = str(bin_dir / "python")
     if subprocess.run([python, "-c", "import nbclient"], env=env, capture_output=True).returncode:
         subprocess.run([python, "-m", "pip", "install", "-q", "nbclient"], env=env,
-                       check=True, capture_output=True, timeout=300)
+                       check=True, capture_output=True, timeout=hang_limit(300))
     demo = subprocess.run([python, str(source / "notebooks" / "demo.py")],
-                          cwd=source, env=env, capture_output=True, text=True, timeout=900)
+                          cwd=source, env=env, capture_output=True, text=True, timeout=hang_limit(900))
     assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
     assert "test accuracy:" in demo.stdout
     where = subprocess.run([python, "-c", "import phalanx; print(phalanx.__file__)"],
-                           env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+                           env=env, cwd=tmp_path, capture_output=True, text=True, timeout=hang_limit(60))
     assert str(env_dir) in where.stdout  # the installed package, not this checkout
 
 

@@ -11,6 +11,7 @@ import pytest
 from IPython.core.error import UsageError
 
 from conftest import assert_all_gone, engine_pids, run_cell
+from deadlines import hang_limit
 
 pytestmark = pytest.mark.cluster
 
@@ -104,7 +105,7 @@ def test_bad_start_starts_nothing(shell, line, message):
         run_cell(shell, line)
     assert not session.cluster.running
     left = lambda: {p.pid for p in psutil.Process().children(recursive=True)} - children  # noqa: E731
-    deadline = time.monotonic() + 15  # processes the failed start made have time to exit
+    deadline = time.monotonic() + hang_limit(15)  # processes the failed start made have time to exit
     while left() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not left(), f"the failed start left processes: {left()}"
@@ -146,11 +147,11 @@ def test_engines_crashing_at_import_fail_fast_with_the_log_tail(tmp_path, monkey
     started = time.monotonic()
     try:
         with pytest.raises(Exception) as info:
-            session.start_cluster(n=2, gpus="none", timeout=60)
+            session.start_cluster(n=2, gpus="none", timeout=hang_limit(60))
         elapsed = time.monotonic() - started
         message = str(info.value)
         assert "local launcher" in message and "broken engine environment" in message
-        assert elapsed < 20, f"took {elapsed:.1f} s"
+        assert elapsed < hang_limit(20), f"took {elapsed:.1f} s"
         assert not session.cluster.running
     finally:
         session.close()

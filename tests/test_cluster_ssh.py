@@ -24,6 +24,7 @@ from machine_lock import machine_wide
 from test_reliability_helpers import (alive, figures, listening_sockets, wait_for,  # noqa: F401
                                       when_rank_logged)
 from test_reliability_netns import BODY
+from deadlines import hang_limit
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -110,7 +111,7 @@ def _hosts(folder):
     finally:
         for daemon in daemons:
             daemon.terminate()
-            daemon.wait(timeout=10)
+            daemon.wait(timeout=hang_limit(10))
         _teardown_network()
 
 
@@ -170,7 +171,7 @@ def test_engines_over_ssh_on_two_hosts_train_together(session, shell, hosts, fig
     wait_for(lambda: not _remote_engine_pids(), 30, what="engines on the second host gone")
     # The same kernel then starts a local cluster: its metrics come back on loopback, not to
     # the receiver that listened on the other cluster's network.
-    session.start_cluster(n=2, gpus="none", timeout=120)
+    session.start_cluster(n=2, gpus="none", timeout=hang_limit(120))
     try:
         run_cell(shell, "%%distributed_fit --return total --no-widget\n" + BODY)
         record = session.last_run()
@@ -265,11 +266,11 @@ def test_a_host_lost_mid_run_is_named_and_the_survivor_released(session, shell, 
                                     f"--gpus none --timeout 120 --profile {hosts}")
     lost = [s.address for s in session.cluster.slots()].index(THERE)  # slots are in rank order
     cut = when_rank_logged(session, lost, 20, lambda: _ip("link", "set", "phx-sv0", "down"),
-                           timeout=120)
+                           timeout=hang_limit(120))
     try:
         with pytest.raises(DistributedFitError) as caught:
             run_cell(shell, "%%distributed_fit --no-widget --collective-timeout 20\n" + LONG_BODY)
-        cut["thread"].join(timeout=5)
+        cut["thread"].join(timeout=hang_limit(5))
         assert "t" in cut, f"the link was not cut: {cut.get('error')}"
         figures["15_host_lost_to_error_s"] = round(time.time() - cut["t"], 2)
         message = str(caught.value)

@@ -19,11 +19,12 @@ from phalanx.runtime.transport._comm import (Backoff, CollectiveAborted, Collect
                                              CollectiveTimeout, Communicator, check_op,
                                              make_thread_communicators, process_alive,
                                              process_start_time)
+from deadlines import hang_limit
 
 KERNEL_EXT = Path(__file__).resolve().parent.parent / "kernel_ext"
 
 
-def run_threads(comms, fn, timeout=10.0):
+def run_threads(comms, fn, timeout=hang_limit(10.0)):
     """Run ``fn(comm)`` per thread rank; return results, with exceptions returned as values."""
     out = [None] * len(comms)
 
@@ -175,7 +176,7 @@ def test_process_alive_sees_zombies_and_reused_pids():
     assert process_alive(me) and process_alive(me, process_start_time(me))
     assert not process_alive(me, process_start_time(me) + 1)  # same pid, other process
     child = subprocess.Popen([sys.executable, "-c", "pass"])
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + hang_limit(10)
     while process_alive(child.pid) and time.monotonic() < deadline:
         time.sleep(0.01)  # exits and stays a zombie: we have not reaped it
     assert not process_alive(child.pid)
@@ -206,6 +207,6 @@ def test_importing_comm_loads_neither_torch_nor_mpi():
             " phalanx.runtime._sync;"
             "print(sorted(m for m in ('torch', 'mpi4py', 'IPython', 'ipywidgets')"
             " if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=hang_limit(60),
                          env={**os.environ, "PYTHONPATH": str(KERNEL_EXT)})
     assert out.stdout.strip() == "[]", out.stderr

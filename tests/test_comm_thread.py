@@ -16,9 +16,10 @@ import time
 import pytest
 
 from phalanx.runtime._overlap import CommThread
+from deadlines import hang_limit
 
 
-def wait_within(worker: CommThread, seconds: float = 5.0) -> None:
+def wait_within(worker: CommThread, seconds: float = hang_limit(5.0)) -> None:
     """``worker.wait()`` on a helper thread: a hang fails the test instead of stalling it."""
     errors: list[BaseException] = []
 

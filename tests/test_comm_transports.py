@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from deadlines import hang_limit
 
 HERE = Path(__file__).resolve()
 KERNEL_EXT = HERE.parent.parent / "kernel_ext"
@@ -42,10 +43,10 @@ def procs():
     for p in started:  # no orphans, whatever the test did
         if p.poll() is None:
             p.kill()
-        p.wait(timeout=10)
+        p.wait(timeout=hang_limit(10))
 
 
-def results(p, timeout=60):
+def results(p, timeout=hang_limit(60)):
     out, err = p.communicate(timeout=timeout)
     # Both ranks write to one pipe: their lines can run together, so split on the objects.
     lines = [json.loads(obj) for obj in re.findall(r"\{[^{}]*\}", out)]
@@ -90,7 +91,7 @@ def test_torch_gloo_abort_and_late_rank_timeout(procs, tmp_path):
     assert "not arrived: rank 1" in timed_out["msg"] and timed_out["waited_s"] < 3.0
 
 
-def results_line(p, timeout=60):
+def results_line(p, timeout=hang_limit(60)):
     """The first JSON line a rank prints (it keeps running)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -116,11 +117,11 @@ def test_mpi_under_mpiexec(scenario):
                             env={**os.environ, "PYTHONPATH": str(KERNEL_EXT)},
                             start_new_session=True)
     try:
-        out, err = proc.communicate(timeout=90)
+        out, err = proc.communicate(timeout=hang_limit(90))
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+            proc.wait(timeout=hang_limit(10))
     assert proc.returncode == 0, err[-3000:]
     # Both ranks write to one pipe: their lines can run together, so split on the objects.
     lines = [json.loads(obj) for obj in re.findall(r"\{[^{}]*\}", out)]
@@ -181,7 +182,7 @@ def torch_child(scenario, rank, store_path):
     torch.set_num_threads(1)
     store = dist.FileStore(store_path, 2)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2,
-                            timeout=datetime.timedelta(seconds=20))
+                            timeout=datetime.timedelta(seconds=hang_limit(20)))
     def make():
         return TorchCommunicator(timeout_s=5 if scenario == "kill" else 1.0, store=store,
                                  heartbeat_s=0.5)

@@ -32,6 +32,7 @@ from phalanx.runtime._import_watch import ImportWatch
 from phalanx.runtime._options import TrainOptions
 from phalanx.runtime._state import RunContext
 from phalanx.runtime.transport._comm import make_thread_communicators
+from deadlines import hang_limit
 
 CLASSES = np.arange(10)
 
@@ -555,7 +556,7 @@ def test_sklearn_imported_by_the_cell_after_install_is_hooked():
         assert not isinstance(inspect.getattr_static(MultinomialNB, "partial_fit"), _Patched)
         print("ok")
     """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=hang_limit(120))
     assert out.stdout.strip() == "ok", out.stderr
 
 

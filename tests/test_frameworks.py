@@ -23,6 +23,7 @@ import pytest
 
 from conftest import run_cell
 from phalanx.runtime._torchrun_world import _not_interactive
+from deadlines import hang_limit
 
 cluster = pytest.mark.cluster
 
@@ -195,7 +196,7 @@ def launched(tmp_path_factory):
 
     def result(name: str):
         if proc.returncode is None:
-            output.append(proc.communicate(timeout=240)[0])
+            output.append(proc.communicate(timeout=hang_limit(240))[0])
         # Judged by what the workers wrote, not by torchrun's exit code: gloo's teardown at exit
         # aborts now and then ("terminate called without an active exception") after the
         # scripts have finished, which is the launcher's fault, not the scripts'.

@@ -31,6 +31,7 @@ from browser_support import (  # noqa: F401  (fixtures)
     widen_right_sidebar,
     write_notebook,
 )
+from deadlines import hang_limit
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -165,7 +166,7 @@ def test_a_million_row_run_stays_bounded_quick_and_zoomable(lab_server, lab_page
         panel = open_panel(page)
         page.wait_for_function(
             "() => Number(document.querySelector('#phalanx .jp-Phalanx-chart')"
-            "?.dataset.linePoints || 0) > 0", timeout=120_000)
+            "?.dataset.linePoints || 0) > 0", timeout=hang_limit(120_000))
         shown = time.perf_counter()
         print(f"reload: JupyterLab back in {reloaded - began:.1f} s, the panel's curves "
               f"{shown - reloaded:.2f} s later")
@@ -235,7 +236,7 @@ def _assert_bounded_whole_run(panel) -> None:
     spike (the maximum of rank 1's line) are there."""
     panel.page.wait_for_function(
         f"""() => document.querySelector('#phalanx .jp-Phalanx-chart')?.dataset.range
-                  ?.endsWith(',{STEPS - 1}')""", timeout=120_000)
+                  ?.endsWith(',{STEPS - 1}')""", timeout=hang_limit(120_000))
     points = _line_points(panel)
     assert 500 < points <= MAX_LINE_POINTS, points
     assert _range(panel) == (0, STEPS - 1)
@@ -263,7 +264,7 @@ def _zoom_shows_full_resolution(page, panel) -> None:
     page.mouse.up()
     page.wait_for_function(
         "() => document.querySelector('#phalanx .jp-Phalanx-chart').hasAttribute('data-zoom')",
-        timeout=60_000)
+        timeout=hang_limit(60_000))
     start, end = (int(float(v)) for v in _chart(panel).get_attribute("data-zoom").split(","))
     assert 0 < start < end < STEPS and end - start + 1 <= WINDOW_POINTS
     assert _line_points(panel) == end - start + 1     # every step of the window, each rank

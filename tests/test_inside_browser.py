@@ -23,6 +23,7 @@ from browser_support import (  # noqa: F401  (fixtures)
     widen_right_sidebar,
     write_notebook,
 )
+from deadlines import hang_limit
 
 pytestmark = [pytest.mark.browser, pytest.mark.cluster, pytest.mark.slow]
 
@@ -73,7 +74,7 @@ def test_panel_shows_step_parts_and_memory_per_rank(lab_server, lab_page):
     with screenshot_on_failure(page, "phalanx-inside-failure.png"):
         open_notebook(page, lab_server, "inside.ipynb")
         panel = open_panel(page)
-        run_cell(page, 0, timeout_ms=240_000)
+        run_cell(page, 0, timeout_ms=hang_limit(240_000))
         panel.locator(".jp-Phalanx-cluster tbody tr").nth(1).wait_for()
         run_cell(page, 1)
         panel.locator("section[aria-label='Run'][data-status='done']").wait_for()

@@ -13,6 +13,7 @@ from conftest import run_cell
 from phalanx import events
 from phalanx.fit._memory import RunMemory, cuda_oom_text, oom_hint
 from phalanx.runtime._memory import MemoryTracker, memory_sample
+from deadlines import hang_limit
 
 # Holds ~200 MB on rank 0 while both ranks step for at least 3.5 s (several samples).  The same
 # number of steps on every rank: each step is an allreduce.
@@ -161,7 +162,7 @@ def test_cuda_out_of_memory_is_named_in_the_error(two_engines, shell):
                         "    raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB')\n")
     message = str(info.value)
     assert info.value.rank == 1 and "ran out of GPU memory (torch.OutOfMemoryError)" in message
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + hang_limit(30)
     while any(s.state != "idle" for s in two_engines.cluster.slots()) and time.monotonic() < deadline:
         time.sleep(0.1)
 

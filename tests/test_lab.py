@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 import psutil
 import pytest
 from phalanx.cluster._procs import wait_processes_gone
+from deadlines import hang_limit
 
 pytestmark = [pytest.mark.slow]
 
@@ -43,7 +44,7 @@ def lab_command(work_dir: Path) -> list[str]:
     its working copy of the notebooks in ``work_dir``."""
     line = subprocess.run(["make", "-s", "--no-print-directory", "-C", str(ROOT), "lab-command",
                            f"PY={sys.executable}", f"LAB_DIR={work_dir}"],
-                          check=True, capture_output=True, text=True, timeout=60).stdout
+                          check=True, capture_output=True, text=True, timeout=hang_limit(60)).stdout
     return shlex.split(line.strip())
 
 
@@ -80,7 +81,7 @@ def _wait_for_url(process: subprocess.Popen, stdout: Path, stderr: Path) -> str:
 
 
 def _get(url: str) -> bytes:
-    with urllib.request.urlopen(url, timeout=30) as response:
+    with urllib.request.urlopen(url, timeout=hang_limit(30)) as response:
         assert response.status == 200, url
         return response.read()
 

@@ -22,18 +22,19 @@ NOTEBOOKS = ROOT / "notebooks"
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from notebook_copy import open_copy, working_copy  # noqa: E402
+from deadlines import hang_limit
 
 
 def test_make_lab_opens_the_copy_in_an_ignored_folder():
     line = subprocess.run(["make", "-s", "--no-print-directory", "-C", str(ROOT), "lab-command"],
-                          check=True, capture_output=True, text=True, timeout=60).stdout
+                          check=True, capture_output=True, text=True, timeout=hang_limit(60)).stdout
     argv = shlex.split(line)
     work = argv[argv.index("--work-dir") + 1]
     assert argv[-1] == "notebooks/01-quickstart.ipynb" and not Path(work).is_absolute()
     if shutil.which("git") is None or not (ROOT / ".git").exists():
         pytest.skip("not a git checkout: nothing to ignore the copy from")
     ignored = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "-q",
-                              f"{work}/01-quickstart.ipynb"], timeout=60)
+                              f"{work}/01-quickstart.ipynb"], timeout=hang_limit(60))
     assert ignored.returncode == 0, f"{work}/ is not ignored by git"
 
 

@@ -36,6 +36,7 @@ from browser_support import (  # noqa: F401  (fixtures)
     write_notebook,
 )
 from test_panel_browser import _engine_rows, _status
+from deadlines import hang_limit
 
 pytestmark = [pytest.mark.browser, pytest.mark.cluster, pytest.mark.slow]
 
@@ -66,7 +67,7 @@ def _rank_step(page, rank: int) -> int:
                   return e ? Number(e.dataset.step) : -1; }""", rank)
 
 
-def _wait_rank_step(page, rank: int, at_least: int, timeout_ms: int = 120_000) -> None:
+def _wait_rank_step(page, rank: int, at_least: int, timeout_ms: int = hang_limit(120_000)) -> None:
     page.wait_for_function(
         """([r, n]) => { const e = document.querySelector(
                              `#phalanx .jp-Phalanx-rank[data-rank='${r}']`);
@@ -115,14 +116,14 @@ def _reload_mid_run(page) -> None:
                    const k = w && w.sessionContext && w.sessionContext.session
                              && w.sessionContext.session.kernel;
                    return k && k.connectionStatus === 'connected'; }""",
-        timeout=60_000)
+        timeout=hang_limit(60_000))
     back = time.monotonic()
     panel = open_panel(page)
-    _status(panel).filter(has_text="busy · elastic-run").wait_for(timeout=30_000)
+    _status(panel).filter(has_text="busy · elastic-run").wait_for(timeout=hang_limit(30_000))
     page.wait_for_function(
         """() => document.querySelectorAll('#phalanx .jp-Phalanx-rank').length === 2
                  && Number(document.querySelector('#phalanx .jp-Phalanx-chart')
-                           ?.dataset.points || 0) >= 1""", timeout=30_000)
+                           ?.dataset.points || 0) >= 1""", timeout=hang_limit(30_000))
     attach_s = time.monotonic() - back
     print(f"measured: the running job reached the reloaded panel in {attach_s:.2f} s")
     assert _rank_step(page, 0) >= RELOAD_AT  # the rows logged so far, not a fresh start
@@ -146,7 +147,7 @@ def _stop_from_panel(page, panel) -> float:
     stop = panel.get_by_role("button", name="stop run")
     clicked = time.monotonic()
     stop.click()
-    panel.locator("section[aria-label='Run'][data-status='interrupted']").wait_for(timeout=30_000)
+    panel.locator("section[aria-label='Run'][data-status='interrupted']").wait_for(timeout=hang_limit(30_000))
     stopped_s = time.monotonic() - clicked
     print(f"measured: the run ended {stopped_s:.2f} s after Stop run")
     wait_for_kernel_idle(page)
@@ -158,18 +159,18 @@ def _stop_from_panel(page, panel) -> float:
 def _queued_scale_and_stop(page, panel) -> None:
     """− on a fixed-size run is queued and shown; Stop ends it; the scale follows."""
     start_cell(page, FIXED)
-    _status(panel).filter(has_text="busy · fixed-run").wait_for(timeout=60_000)
+    _status(panel).filter(has_text="busy · fixed-run").wait_for(timeout=hang_limit(60_000))
     _wait_rank_step(page, 0, 5)
     panel.get_by_role("button", name="scale down").click()
     notice = panel.locator(".jp-Phalanx-notice")
-    notice.filter(has_text="scale to 2 after fixed-run").wait_for(timeout=10_000)
+    notice.filter(has_text="scale to 2 after fixed-run").wait_for(timeout=hang_limit(10_000))
     assert _engine_rows(panel).count() == 3  # nothing changed under the run
     screenshot(page, "phalanx-live-queued.png")
     _stop_from_panel(page, panel)
     page.wait_for_function(  # the cell's own words, on stderr, right after the run ended
         """i => JSON.stringify(window.jupyterapp.shell.currentWidget.content.widgets[i]
                               .model.outputs.toJSON()).includes('was stopped')""",
-        arg=FIXED, timeout=30_000)
+        arg=FIXED, timeout=hang_limit(30_000))
     outputs = cell_outputs(page, FIXED)
     said = "".join("".join(o.get("text", "")) for o in outputs if o.get("output_type") == "stream")
     assert "fixed-run was stopped (Stop in the phalanx panel)" in said, outputs

@@ -16,6 +16,7 @@ import uuid
 
 import pytest
 from kernel_support import kernel_manager
+from deadlines import hang_limit
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -44,18 +45,18 @@ class Kernel:
         self.km.start_kernel(env=dict(os.environ))
         self.client = self.km.blocking_client()
         self.client.start_channels()
-        self.client.wait_for_ready(timeout=60)
+        self.client.wait_for_ready(timeout=hang_limit(60))
         self.iopub: list[dict] = []
         self.backlog: list[dict] = []  # read while looking for something else, not yet seen
 
-    def execute(self, code: str, timeout: float = 180) -> dict:
+    def execute(self, code: str, timeout: float = hang_limit(180)) -> dict:
         reply = self.client.execute_interactive(code, timeout=timeout, output_hook=self.iopub.append)
         return reply["content"]
 
     def create_subshell(self) -> str:
         msg = self.client.session.msg("create_subshell_request", {})
         self.client.control_channel.send(msg)
-        reply = self.client.control_channel.get_msg(timeout=10)
+        reply = self.client.control_channel.get_msg(timeout=hang_limit(10))
         assert reply["content"]["status"] == "ok", reply["content"]
         return reply["content"]["subshell_id"]
 
@@ -88,7 +89,7 @@ class Kernel:
 
     def close(self) -> None:
         try:
-            self.execute("import phalanx\nphalanx.get_session().close()", timeout=60)
+            self.execute("import phalanx\nphalanx.get_session().close()", timeout=hang_limit(60))
         finally:
             self.client.stop_channels()
             self.km.shutdown_kernel(now=False)
@@ -109,7 +110,7 @@ def _cluster(data: dict, **want) -> bool:
 def test_panel_requests_are_answered_while_a_run_trains(subshells):
     kernel = Kernel(subshells)
     try:
-        info = kernel.client.kernel_info(reply=True, timeout=10)["content"]
+        info = kernel.client.kernel_info(reply=True, timeout=hang_limit(10))["content"]
         assert ("kernel subshells" in info.get("supported_features", [])) is subshells
         assert kernel.execute("%load_ext phalanx\n%cluster start -n 2 --gpus none")["status"] == "ok"
         subshell = kernel.create_subshell() if subshells else None
@@ -121,7 +122,7 @@ def test_panel_requests_are_answered_while_a_run_trains(subshells):
             _wait_for_output(kernel, run_id)
         # A first panel follows the run until rows arrive: the run is training.
         first = _open_panel(kernel, subshell)
-        kernel.comm_messages(first, lambda d: d.get("type") == "metrics" and d["rows"], timeout=120)
+        kernel.comm_messages(first, lambda d: d.get("type") == "metrics" and d["rows"], timeout=hang_limit(120))
 
         # A reloaded page (or a second tab) opens its comm while the cell runs: the job and its
         # rows come at once.
@@ -140,15 +141,15 @@ def test_panel_requests_are_answered_while_a_run_trains(subshells):
         kernel.send_shell("comm_msg", {"comm_id": comm_id, "data": {"v": 1, "type": "scale", "n": 3}},
                           subshell)
         kernel.comm_messages(comm_id, lambda d: _cluster(d, notice="scale to 3 after long-run"),
-                             timeout=5)
+                             timeout=hang_limit(5))
 
         # Stop: the cell ends at once, saying it was stopped.
         stop_sent = time.monotonic()
         kernel.send_shell("comm_msg", {"comm_id": comm_id, "data": {"v": 1, "type": "stop_run"}},
                           subshell)
-        kernel.comm_messages(comm_id, lambda d: d.get("type") == "run_ended", timeout=30)
+        kernel.comm_messages(comm_id, lambda d: d.get("type") == "run_ended", timeout=hang_limit(30))
         stopped_s = time.monotonic() - stop_sent
-        reply = kernel.client.get_shell_msg(timeout=30)
+        reply = kernel.client.get_shell_msg(timeout=hang_limit(30))
         assert reply["parent_header"]["msg_id"] == run_id
         # A stop asked for is said in the cell but is no failed cell (the next one would be
         # aborted by the frontend's stop-on-error).
@@ -158,13 +159,13 @@ def test_panel_requests_are_answered_while_a_run_trains(subshells):
         print(f"the run stopped {stopped_s:.2f} s after Stop")
 
         # The queued scale is applied after the run; the next run works on the engines.
-        kernel.comm_messages(comm_id, lambda d: _cluster(d, engines=3, notice=None), timeout=120)
+        kernel.comm_messages(comm_id, lambda d: _cluster(d, engines=3, notice=None), timeout=hang_limit(120))
         assert kernel.execute(SHORT_RUN)["status"] == "ok"
     finally:
         kernel.close()
 
 
-def _stderr_of(kernel: Kernel, msg_id: str, timeout: float = 10) -> str:
+def _stderr_of(kernel: Kernel, msg_id: str, timeout: float = hang_limit(10)) -> str:
     """What the cell ``msg_id`` wrote to stderr (read from IOPub until it went idle)."""
     text, deadline = [], time.monotonic() + timeout
     for msg in kernel.iopub:
@@ -182,7 +183,7 @@ def _stderr_of(kernel: Kernel, msg_id: str, timeout: float = 10) -> str:
     return "".join(text)
 
 
-def _wait_for_output(kernel: Kernel, msg_id: str, timeout: float = 60) -> None:
+def _wait_for_output(kernel: Kernel, msg_id: str, timeout: float = hang_limit(60)) -> None:
     """Until cell ``msg_id`` printed something (it is running); what was read is kept."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -26,6 +26,7 @@ from browser_support import (  # noqa: F401  (fixtures)
     write_notebook,
 )
 from test_panel_browser import _status
+from deadlines import hang_limit
 
 pytestmark = [pytest.mark.browser, pytest.mark.cluster, pytest.mark.slow]
 
@@ -52,7 +53,7 @@ def _switch_to(page, name: str) -> None:
                      const k = w && w.context && w.context.path === name && w.sessionContext
                                && w.sessionContext.session && w.sessionContext.session.kernel;
                      return k && k.connectionStatus === 'connected'; }""", arg=name,
-        timeout=150_000)  # a reload on a busy 2-core machine: JupyterLab itself takes tens of seconds
+        timeout=hang_limit(150_000))  # a reload on a busy 2-core machine: JupyterLab itself takes tens of seconds
 
 
 def _shows(page, panel, notebook: str, run: str, timeout_s: float = 60) -> None:
@@ -65,8 +66,8 @@ def _shows(page, panel, notebook: str, run: str, timeout_s: float = 60) -> None:
     while True:
         _switch_to(page, notebook)
         try:
-            panel.locator(".jp-Phalanx-kernel").filter(has_text=notebook).wait_for(timeout=10_000)
-            _status(panel).filter(has_text=f"busy · {run}").wait_for(timeout=10_000)
+            panel.locator(".jp-Phalanx-kernel").filter(has_text=notebook).wait_for(timeout=hang_limit(10_000))
+            _status(panel).filter(has_text=f"busy · {run}").wait_for(timeout=hang_limit(10_000))
             if page.evaluate(_CURRENT_PATH) == notebook:
                 return
         except PlaywrightTimeout:

@@ -38,6 +38,7 @@ from browser_support import (  # noqa: F401  (fixtures)
     write_notebook,
 )
 from conftest import held_until
+from deadlines import hang_limit
 
 pytestmark = [pytest.mark.browser, pytest.mark.cluster, pytest.mark.slow]
 
@@ -131,7 +132,7 @@ def _widget_plus_grows_elastic_run(page, widget) -> None:
     assert _running(page, ELASTIC), "the cluster grew only after the run"
     run = _output(page, ELASTIC)
     run.locator(".widget-hprogress").nth(2).wait_for(timeout=CLUSTER_TIMEOUT_MS)
-    run.get_by_text("3 rank(s)").first.wait_for(timeout=10_000)  # header and rows are two widgets
+    run.get_by_text("3 rank(s)").first.wait_for(timeout=hang_limit(10_000))  # header and rows are two widgets
     assert _running(page, ELASTIC)
     screenshot(page, "phalanx-widgets-live-grown.png")
 
@@ -143,7 +144,7 @@ def _stop_under_cell(page, cell: int, name: str) -> float:
     run.get_by_role("button", name="Stop run").click()
     page.wait_for_function("i => !(/\\[\\*\\]/.test(window.jupyterapp.shell.currentWidget"
                            ".content.widgets[i].node.querySelector('.jp-InputPrompt')"
-                           ".textContent))", arg=cell, timeout=60_000)
+                           ".textContent))", arg=cell, timeout=hang_limit(60_000))
     stopped_s = time.monotonic() - clicked
     print(f"measured: {name} ended {stopped_s:.2f} s after Stop run under the cell")
     wait_for_kernel_idle(page)
@@ -159,7 +160,7 @@ def _widget_minus_queued_on_fixed_run(page, widget) -> None:
     start_cell(page, FIXED)
     _wait_trains(page, FIXED)
     widget.locator("button", has_text="−").click()
-    widget.get_by_text("scale to 2 after fixed-run").wait_for(timeout=30_000)
+    widget.get_by_text("scale to 2 after fixed-run").wait_for(timeout=hang_limit(30_000))
     assert _running(page, FIXED)
     assert "cluster: 3 engine(s)" in widget.inner_text()  # nothing changed under the run
     screenshot(page, "phalanx-widgets-live-queued.png")
@@ -178,10 +179,10 @@ def _background_run(page) -> None:
     finally:
         BG_GATE.touch()  # released either way: a failed check must not leave the run waiting
     try:
-        assert run_cell(page, WAIT, timeout_ms=360_000).split() == ["done", "Linear", "True"]
+        assert run_cell(page, WAIT, timeout_ms=hang_limit(360_000)).split() == ["done", "Linear", "True"]
     finally:
         BG_GATE.unlink(missing_ok=True)
     page.wait_for_function(
         "i => JSON.stringify(window.jupyterapp.shell.currentWidget.content.widgets[i]"
         ".model.outputs.toJSON()).includes('net now in the namespace')",
-        arg=BACKGROUND, timeout=30_000)
+        arg=BACKGROUND, timeout=hang_limit(30_000))

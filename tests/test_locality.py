@@ -12,6 +12,7 @@ import pytest
 
 from phalanx.cluster._launchers import CURVE_ARG, LaunchOptions, make_launcher
 from phalanx.cluster._locality import host_label, is_local, is_loopback, machine_identity
+from deadlines import hang_limit
 
 PROBE = ("import json; from phalanx.cluster._probe import identify_engine; "
          "print(json.dumps(identify_engine('127.0.0.1')))")
@@ -20,7 +21,7 @@ PROBE = ("import json; from phalanx.cluster._probe import identify_engine; "
 def _probe(prefix: list[str] = ()) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     out = subprocess.run([*prefix, sys.executable, "-c", PROBE], capture_output=True, text=True,
-                         env=env, check=True, timeout=60).stdout
+                         env=env, check=True, timeout=hang_limit(60)).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 

@@ -24,6 +24,7 @@ import zmq
 from phalanx.fit._receiver import MetricsReceiver
 from phalanx.runtime import _metrics
 from phalanx.runtime._metrics import MetricsSender
+from deadlines import hang_limit
 
 RUN = "run-curve-1"
 
@@ -50,7 +51,7 @@ def curve_receiver():
     receiver.close()
 
 
-def _wait(check, what: str, timeout: float = 10.0) -> None:
+def _wait(check, what: str, timeout: float = hang_limit(10.0)) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         assert time.monotonic() < deadline, f"timed out waiting for: {what}"

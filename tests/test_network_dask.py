@@ -29,6 +29,7 @@ from sklearn.linear_model import Ridge
 from sklearn.preprocessing import StandardScaler
 from sklearn.tree import DecisionTreeRegressor
 from sklearn.utils.metaestimators import available_if
+from deadlines import hang_limit
 
 ipp = pytest.importorskip("ipyparallel")
 distributed = pytest.importorskip("distributed")
@@ -92,7 +93,7 @@ def rc(request):
     held["cluster"] = ipp.Cluster(n=2, controller_ip="127.0.0.1", log_level=logging.WARNING)
     request.addfinalizer(stop)   # registered first: a half-started cluster is stopped too
     client = held["client"] = held["cluster"].start_and_connect_sync(activate=False)
-    client.wait_for_engines(2, timeout=60)
+    client.wait_for_engines(2, timeout=hang_limit(60))
     # Engines must import phalanx.network (the task functions) however pytest found it here.
     kernel_ext = str(Path(phalanx.network.__file__).parents[2])
     client[:].apply_sync(_add_path, kernel_ext)
@@ -265,7 +266,7 @@ def _keys(dc):
         k for k, ts in dask_scheduler.tasks.items() if ts.state == "memory"]))
 
 
-def _settles(dc, before, expected, timeout=10.0):
+def _settles(dc, before, expected, timeout=hang_limit(10.0)):
     deadline = time.monotonic() + timeout
     while _keys(dc) - before != expected and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -40,6 +40,7 @@ from browser_support import (  # noqa: F401  (fixtures)
     widen_right_sidebar,
     write_notebook,
 )
+from deadlines import hang_limit
 
 pytestmark = [pytest.mark.browser, pytest.mark.cluster, pytest.mark.slow]
 
@@ -144,7 +145,7 @@ def _assert_run_done(panel) -> None:
     assert chart.locator("canvas").count() == 1
 
 
-def _assert_gone(pids: list[int], timeout: float = 30.0) -> None:
+def _assert_gone(pids: list[int], timeout: float = hang_limit(30.0)) -> None:
     assert_all_gone(pids, timeout=timeout)
 
 

@@ -17,6 +17,7 @@ import torch
 
 from conftest import run_cell
 from test_reliability_helpers import figures, wait_for  # noqa: F401
+from deadlines import hang_limit
 
 pytestmark = pytest.mark.cluster
 
@@ -189,7 +190,7 @@ def test_scaling_during_a_checkpointed_run_reforms_the_group_and_continues(ckpt,
         run_cell(shell, "%%distributed_fit --shard X,y --seed 1 --checkpoint-every 5 "
                         "--return model\n" + LOOP)
     finally:
-        thread.join(timeout=5)
+        thread.join(timeout=hang_limit(5))
     record = ckpt.last_run()
     resize = next(c for c in record.changes if c["kind"] == "resize")
     assert (resize["from"], resize["to"]) == (2, 3)
@@ -221,7 +222,7 @@ def test_scaling_during_a_run_without_checkpoints_is_refused(ckpt, shell):
     thread.start()
     run_cell(shell, "STEPS, PAUSE = 40, 0.05\n")
     run_cell(shell, "%%distributed_fit --shard X,y\n" + LOOP)
-    thread.join(timeout=5)
+    thread.join(timeout=hang_limit(5))
     assert "only a run with --checkpoint-every K can change its size" in refused["error"]
     assert ckpt.cluster.size == 2 and ckpt.last_run().status == "done"
 

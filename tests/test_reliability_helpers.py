@@ -20,6 +20,7 @@ import psutil
 import pytest
 
 from phalanx.runtime.transport._shm_segment import PREFIX, W_PID
+from deadlines import hang_limit
 
 # The header words read to find a segment's creator.
 HEADER_WORDS = W_PID + 1
@@ -80,7 +81,7 @@ def engine_state(cluster, slot, log_lines: int = 15) -> str:
     return "\n".join(lines)
 
 
-def when_rank_logged(session, rank: int, rows: int, action, timeout: float = 60.0):
+def when_rank_logged(session, rank: int, rows: int, action, timeout: float = hang_limit(60.0)):
     """Run ``action()`` in a thread once ``rank`` has logged ``rows`` rows in the active run.
 
     Returns a dict that receives ``t`` (wall clock of the action) and ``error`` (if any).

@@ -21,6 +21,7 @@ from conftest import assert_all_gone
 from kernel_support import kernel_manager
 from test_reliability_helpers import (  # noqa: F401
     alive, descendants, figures, listening_sockets, shm_segments_of)
+from deadlines import hang_limit
 
 pytestmark = pytest.mark.cluster
 
@@ -37,7 +38,7 @@ def _footprint(engine_pids: set[int], fork_server: int, before: set[int]) -> dic
     me = psutil.Process()
     children = lambda: [p for p in descendants()  # noqa: E731
                         if p.pid != fork_server and p.pid not in before]
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + hang_limit(5)
     while children() and time.monotonic() < deadline:
         time.sleep(0.05)
     return {"children": len(children()), "fds": me.num_fds(), "threads": me.num_threads(),
@@ -95,11 +96,11 @@ def _start_kernel(extra_env: dict | None = None):
     km.start_kernel(env=env)
     client = km.blocking_client()
     client.start_channels()
-    client.wait_for_ready(timeout=60)
+    client.wait_for_ready(timeout=hang_limit(60))
     return km, client
 
 
-def execute(client, code: str, timeout: float = 120) -> str:
+def execute(client, code: str, timeout: float = hang_limit(120)) -> str:
     """Run ``code`` in the kernel; returns its stdout; fails on an error reply."""
     out: list[str] = []
 

@@ -24,6 +24,7 @@ import torch
 
 from machine_lock import machine_wide
 from test_reliability_helpers import alive, figures, listening_sockets  # noqa: F401
+from deadlines import hang_limit
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -115,7 +116,7 @@ def test_engines_in_two_network_namespaces_join_one_run(namespaces, tmp_path, fi
         path = session.cluster.engine_connection_file()
         engines = [_start_engine(ns, address, path, log) for ns, address in namespaces.items()]
         started = time.monotonic()
-        session.cluster.adopt([f"{ns}-0" for ns in namespaces], timeout=90)
+        session.cluster.adopt([f"{ns}-0" for ns in namespaces], timeout=hang_limit(90))
         figures["12_adopt_two_namespace_engines_s"] = round(time.monotonic() - started, 2)
         spawned = [psutil.Process(p.pid) for p in engines]
         spawned += [c for p in spawned for c in p.children(recursive=True)]  # their nannies
@@ -154,11 +155,11 @@ def test_engines_in_two_network_namespaces_join_one_run(namespaces, tmp_path, fi
         assert not [s for s in listening_sockets([os.getpid()]) if s[2] == store_port]
     finally:
         session.close()
-        _, left = psutil.wait_procs(spawned, timeout=15)
+        _, left = psutil.wait_procs(spawned, timeout=hang_limit(15))
         for proc in left:  # never leave a process behind, even when the test failed
             proc.kill()
         for proc in engines:
-            proc.wait(timeout=5)
+            proc.wait(timeout=hang_limit(5))
         log.close()
     assert not alive(left), "engines or nannies outlived the cluster"
 
@@ -226,7 +227,7 @@ def _two_host_session(namespaces, log):
     session.cluster.start(n=1, gpus="none", controller_ip=KERNEL_IP)
     engine = _start_engine(ENGINE_NS, namespaces[ENGINE_NS], session.cluster.engine_connection_file(),
                            log)
-    session.cluster.adopt([f"{ENGINE_NS}-0"], timeout=90)
+    session.cluster.adopt([f"{ENGINE_NS}-0"], timeout=hang_limit(90))
     return session, engine
 
 
@@ -255,7 +256,7 @@ def test_a_stranger_on_the_network_gets_nothing_from_the_kernel(namespaces, tmp_
                          daemon=True).start()
         session.distributed_fit(UNTIL_FLAG.format(flag=flag),
                                 FitOptions.build(returns="total", widget=False), ns)
-        stdout, stderr = probe.communicate(timeout=60)
+        stdout, stderr = probe.communicate(timeout=hang_limit(60))
         assert probe.returncode == 0, stderr[-3000:]
         report = json.loads(stdout.strip().splitlines()[-1])
         figures["47_stranger_ports_probed"] = len(report["raw"])
@@ -277,11 +278,11 @@ def test_a_stranger_on_the_network_gets_nothing_from_the_kernel(namespaces, tmp_
     finally:
         if session is not None:
             session.close()
-        _, left = psutil.wait_procs(spawned, timeout=15)
+        _, left = psutil.wait_procs(spawned, timeout=hang_limit(15))
         for proc in left:
             proc.kill()
         if engine is not None:
-            engine.wait(timeout=5)
+            engine.wait(timeout=hang_limit(5))
         log.close()
     assert not alive(left), "the engine or its nanny outlived the cluster"
 
@@ -298,7 +299,7 @@ def _start_probe(ports: list[int], server, receiver, flag: str) -> subprocess.Po
 
 def _leak_run_and_token(session, probe: subprocess.Popen, token: str) -> None:
     """Hand the stranger the running run's id and the token, once the run is on."""
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + hang_limit(60)
     while session.fits.active is None and time.monotonic() < deadline:
         time.sleep(0.05)
     run = session.fits.active.run_id if session.fits.active is not None else "none"
@@ -324,7 +325,7 @@ def _check_got_nothing(report: dict, server, receiver, ports: list[int]) -> None
     assert all("no answer" in v for v in curve.values()), curve
 
 
-def _wait(check, what: str, timeout: float = 10.0) -> None:
+def _wait(check, what: str, timeout: float = hang_limit(10.0)) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         assert time.monotonic() < deadline, f"timed out waiting for: {what}"

@@ -22,6 +22,7 @@ import pytest
 from test_reliability_helpers import alive, figures, wait_for  # noqa: F401
 from test_reliability_lifecycle import _start_kernel, execute
 from test_reliability_helpers import shm_segments_of
+from deadlines import hang_limit
 
 pytestmark = pytest.mark.cluster
 
@@ -203,12 +204,12 @@ def test_a_supervised_process_ends_with_its_parent_and_not_for_a_reused_pid():
             children.append(subprocess.Popen(
                 [sys.executable, "-c", WATCHED], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 env={**os.environ, PARENT_PID: str(parent.pid), PARENT_START: str(started)}))
-        assert children[1].wait(timeout=30) == 70  # not its parent: it stops at once
+        assert children[1].wait(timeout=hang_limit(30)) == 70  # not its parent: it stops at once
         assert children[0].stdout.readline() == b"watching\n"
         assert children[0].poll() is None          # its parent runs: it waits
         parent.kill()
         parent.wait()
-        assert children[0].wait(timeout=30) == 70
+        assert children[0].wait(timeout=hang_limit(30)) == 70
         assert b"the kernel (pid" in children[0].stderr.read()
     finally:
         parent.kill()

@@ -25,6 +25,7 @@ from test_reliability_faults import ENDLESS as FAULTS_ENDLESS, SETUP, WARM_UP  #
 from test_reliability_faults import _next_run_works, ready  # noqa: F401  (the fixture too)
 from test_reliability_helpers import (engine_state, wait_for, when_rank_logged,
                                       write_sitecustomize)
+from deadlines import hang_limit
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -77,7 +78,7 @@ def unregistration_held(client, until):
     original = handlers["unregistration_notification"]
 
     def late(msg):
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + hang_limit(30)
         while not until() and time.monotonic() < deadline:
             time.sleep(0.02)
         original(msg)
@@ -345,6 +346,6 @@ def test_the_controller_dying_mid_run_ends_the_run_with_one_error(ready, shell):
     pids = engine_pids(ready)
     ready.stop_cluster()
     assert_all_gone(pids + [controller])
-    ready.start_cluster(n=2, gpus="none", timeout=60)
+    ready.start_cluster(n=2, gpus="none", timeout=hang_limit(60))
     run_cell(shell, SETUP)
     _next_run_works(shell, ready)

@@ -18,6 +18,7 @@ from phalanx.cluster._procs import wait_processes_gone
 
 from test_reliability_helpers import alive, figures, shm_segments_of, wait_for  # noqa: F401
 from test_reliability_lifecycle import _start_kernel, execute
+from deadlines import hang_limit
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -39,7 +40,7 @@ def _end(km, how: str) -> None:
     if how == "sigterm":  # what a kernel manager sends a kernel slow to stop
         kernel = psutil.Process(km.provisioner.pid)
         kernel.send_signal(signal.SIGTERM)
-        kernel.wait(timeout=30)
+        kernel.wait(timeout=hang_limit(30))
     km.restart_kernel(now=how != "restart")  # now=True: SIGKILL, no clean-up can run
 
 
@@ -66,7 +67,7 @@ def test_kernel_lifetimes_ended_every_way_leave_nothing_behind(tmp_path, figures
                 execute(client, NETWORK + "\n%distributed_fit yhat\n")
             processes += psutil.Process(km.provisioner.pid).children(recursive=True)
             _end(km, how)
-            client.wait_for_ready(timeout=60)
+            client.wait_for_ready(timeout=hang_limit(60))
     finally:
         client.stop_channels()
         km.shutdown_kernel(now=False)

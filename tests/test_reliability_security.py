@@ -29,6 +29,7 @@ import pytest
 from conftest import run_cell
 from test_reliability_helpers import figures, listening_sockets, wait_for  # noqa: F401
 from test_reliability_lifecycle import _start_kernel, execute
+from deadlines import hang_limit
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -80,7 +81,7 @@ def test_connection_files_are_owner_only_from_the_moment_they_exist():
             umask = next(line.split()[1] for line in f if line.startswith("Umask:"))
     finally:
         stop.set()
-        watcher.join(timeout=5)
+        watcher.join(timeout=hang_limit(5))
         session.close()
     assert umask == "0077"
     assert len(seen) >= 2, seen  # the client and the engine connection files
@@ -101,7 +102,7 @@ def test_scale_above_the_maximum_is_refused_and_changes_nothing(two_engines, mon
         ClusterManager().start(n=4, gpus="none")  # refused before any process starts
 
 
-def _comm_messages(client, comm_id: str, timeout: float = 10.0) -> list[dict]:
+def _comm_messages(client, comm_id: str, timeout: float = hang_limit(10.0)) -> list[dict]:
     """The kernel's comm messages on ``comm_id`` that arrive within ``timeout``."""
     found = []
     deadline = time.monotonic() + timeout

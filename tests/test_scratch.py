@@ -13,6 +13,7 @@ import time
 import psutil
 
 from phalanx._scratch import ScratchDir, reap_orphans
+from deadlines import hang_limit
 
 
 def test_made_on_first_use_owner_only_and_removed():
@@ -50,7 +51,7 @@ def test_a_killed_kernel_not_yet_reaped_by_its_parent_counts_as_gone(tmp_path):
         name = f"phalanx-{zombie.pid}-{int(proc.create_time())}-rdzv-z"
         (tmp_path / name).mkdir()
         zombie.kill()  # not waited for: a zombie until its parent (this test) reaps it
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + hang_limit(30)
         while proc.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
             time.sleep(0.01)
         assert [os.path.basename(p) for p in reap_orphans(str(tmp_path))] == [name]
@@ -73,14 +74,14 @@ def _child(tmp_path, tail: str) -> subprocess.Popen:
 
 def test_removed_at_exit_and_on_sigterm_and_a_killed_ones_by_the_next(tmp_path):
     normal = _child(tmp_path, "sys.exit(0)")
-    assert normal.wait(timeout=60) == 0 and not os.path.exists(normal.stdout.readline().strip())
+    assert normal.wait(timeout=hang_limit(60)) == 0 and not os.path.exists(normal.stdout.readline().strip())
     normal.stdout.close()
     for sig, code in ((signal.SIGTERM, -signal.SIGTERM), (signal.SIGKILL, -signal.SIGKILL)):
         child = _child(tmp_path, "time.sleep(120)")
         path = child.stdout.readline().strip()
         assert os.path.isdir(path)
         child.send_signal(sig)
-        assert child.wait(timeout=60) == code  # dies of the signal, as it would have without us
+        assert child.wait(timeout=hang_limit(60)) == code  # dies of the signal, as it would have without us
         child.stdout.close()
     assert os.listdir(tmp_path) == [os.path.basename(path)]  # SIGKILL: nothing could run
     assert reap_orphans(str(tmp_path)) == [path] and os.listdir(tmp_path) == []

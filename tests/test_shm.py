@@ -26,6 +26,7 @@ from phalanx.runtime.transport._shm import ShmCommunicator
 from phalanx.runtime.transport._shm_layout import signature
 from phalanx.runtime.transport._shm_segment import (STATE_FAILED, W_SEQ, W_SIG, Segment,
                                                     cleanup_stale, segment_name)
+from deadlines import hang_limit
 
 HERE = Path(__file__).resolve()
 KERNEL_EXT = HERE.parent.parent / "kernel_ext"
@@ -63,17 +64,17 @@ def ranks():
     for p in started:
         if p.poll() is None:
             p.kill()
-        p.wait(timeout=10)
+        p.wait(timeout=hang_limit(10))
 
 
-def lines(p, timeout=60):
+def lines(p, timeout=hang_limit(60)):
     out, err = p.communicate(timeout=timeout)
     got = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert got, f"rank printed nothing (rc={p.returncode}):\n{err[-3000:]}"
     return got
 
 
-def first_line(p, timeout=30):
+def first_line(p, timeout=hang_limit(30)):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         line = p.stdout.readline()
@@ -266,7 +267,7 @@ def test_cleanup_stale_removes_only_dead_creators(group):
     code = ("import sys; sys.path.insert(0, sys.argv[1]);"
             "from phalanx.runtime.transport._shm_segment import Segment;"
             f"Segment.create({segment_name(group, 1)!r}, 4096)")
-    subprocess.run([sys.executable, "-c", code, str(KERNEL_EXT)], check=True, timeout=30)
+    subprocess.run([sys.executable, "-c", code, str(KERNEL_EXT)], check=True, timeout=hang_limit(30))
     assert ours(group) == [f"phx_{group}_0", f"phx_{group}_1"]
     assert f"phx_{group}_1" in cleanup_stale()
     assert ours(group) == [f"phx_{group}_0"]

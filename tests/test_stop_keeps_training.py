@@ -12,6 +12,7 @@ import torch
 
 from conftest import run_cell
 from test_reliability_helpers import wait_for
+from deadlines import hang_limit
 
 pytestmark = pytest.mark.cluster
 
@@ -89,7 +90,7 @@ def _stop_and_check_the_model(two_engines, shell, capsys) -> None:
     thread.start()
     capsys.readouterr()
     run_cell(shell, FOREVER)   # a Stop is said in the cell, not raised
-    thread.join(timeout=10)
+    thread.join(timeout=hang_limit(10))
     message = capsys.readouterr().err
     assert "was stopped (the test's Stop)" in message
     assert two_engines.last_run().status == "interrupted"

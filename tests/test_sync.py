@@ -12,6 +12,7 @@ import torch
 from phalanx.runtime.transport._comm import make_thread_communicators
 from phalanx.runtime._sync import (EASGD, AllreduceSync, LocalSGD, NoSync, SyncStrategy,
                                    make_strategy, param_grads)
+from deadlines import hang_limit
 
 
 def _end_of_backward(strategy, params, step):
@@ -20,7 +21,7 @@ def _end_of_backward(strategy, params, step):
     strategy.before_step(params, step)
 
 
-def run_ranks(n, fn, timeout=20.0):
+def run_ranks(n, fn, timeout=hang_limit(20.0)):
     """Run ``fn(comm)`` on ``n`` thread ranks; return their results, re-raise the first error."""
     comms = make_thread_communicators(n, timeout_s=10)
     results, errors = [None] * n, []

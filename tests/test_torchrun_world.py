@@ -23,6 +23,7 @@ from phalanx.runtime._torchrun_world import (MASTER_PORT, TORCHRUN_VARIABLES,
                                              BackendMismatchWarning, WorldMismatchError,
                                              _backends, _check_backend, _check_world,
                                              _environment, torchrun_env)
+from deadlines import hang_limit
 
 cluster = pytest.mark.cluster
 
@@ -148,7 +149,7 @@ def test_a_real_one_rank_group_joined_kept_and_restored():
     """The patches on a real gloo group, in a fresh interpreter (this one holds no group)."""
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo")
     done = subprocess.run([sys.executable, "-c", ONE_RANK], capture_output=True, text=True,
-                          env=env, timeout=120)
+                          env=env, timeout=hang_limit(120))
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
 
 
@@ -575,7 +576,7 @@ def test_mp_spawn_in_a_cell_is_refused_at_once_and_starts_nothing(engines, shell
                         "import torch.multiprocessing as mp\n"
                         "def train(index):\n    time.sleep(600)\n"
                         "mp.spawn(train, nprocs=2)\n")
-    assert time.monotonic() - started < 30   # not the collective timeout
+    assert time.monotonic() - started < hang_limit(15)   # not the collective timeout
     assert engines.apply_sync(_children) == children
 
 
@@ -616,7 +617,7 @@ def test_every_launcher_is_refused_and_dataloader_workers_still_run(engines, she
         assert refusal.startswith(f"SpawnInCellError: {what} inside a %%distributed_fit cell")
         assert re.search(REFUSED, refusal)
     assert shell.user_ns["rows"] == 40
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + hang_limit(10)
     while engines.apply_sync(_children) != children and time.monotonic() < deadline:
         time.sleep(0.2)   # the DataLoader's workers take a moment to exit
     assert engines.apply_sync(_children) == children

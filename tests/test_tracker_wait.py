@@ -8,6 +8,7 @@ import threading
 import time
 
 from phalanx.fit._tracker import RunTracker
+from deadlines import hang_limit
 
 
 def _tracker() -> RunTracker:
@@ -34,7 +35,7 @@ def test_wait_ends_when_the_last_final_batch_arrives():
     tracker.on_batch(_batch(0, 3, final=True))
     started = time.monotonic()
     thread = _later(0.2, _batch(1, 3, final=True), tracker=tracker)
-    assert tracker.wait_final([0, 1], timeout=30.0)
+    assert tracker.wait_final([0, 1], timeout=hang_limit(30.0))
     waited = time.monotonic() - started
     thread.join()
     assert 0.2 <= waited < 10.0  # woken by the batch, not by the 30 s deadline

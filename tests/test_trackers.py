@@ -21,6 +21,7 @@ from IPython.core.error import UsageError
 from conftest import run_cell
 from phalanx.fit import FitOptions, FitUsageError
 from phalanx.fit._export import Lines, MissingExtra, option_params
+from deadlines import hang_limit
 
 pytest.importorskip("tensorboardX")
 pytest.importorskip("tensorboard")
@@ -149,7 +150,7 @@ for step in range(STEPS):
 def _seen_live(uri: str, gate) -> threading.Thread:
     """Opens ``gate`` once MLflow holds rows of the run that is still waiting on it."""
     def watch() -> None:
-        until = time.monotonic() + 60
+        until = time.monotonic() + hang_limit(60)
         while time.monotonic() < until:
             try:
                 runs = _mlflow_runs(uri)

@@ -11,12 +11,15 @@ from __future__ import annotations
 import pytest
 from conftest import run_cell
 from IPython.core.error import UsageError
+from notebook_shell import clean_notebook
 
 INTERNALS = ("Traceback", "_magics.py", "_session.py", "_dispatch.py", "_shipping.py", "_run.py")
 
 
 @pytest.fixture
 def names(shell):
+    """A notebook that holds exactly these names: the suggestions are drawn from it."""
+    clean_notebook()
     run_cell(shell, "Xtr = [[0.0]] * 8\nytr = [0] * 8\nmodel = object()\n")
     yield shell
     for name in ("Xtr", "ytr", "model"):

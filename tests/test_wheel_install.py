@@ -37,6 +37,7 @@ from browser_support import (
     write_notebook,
 )
 from conftest import assert_all_gone
+from deadlines import hang_limit
 
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -149,10 +150,10 @@ def test_the_wheel_installs_with_pip_and_runs_a_quickstart_in_jupyterlab(tmp_pat
             screenshot(page, "wheel-install-quickstart.png")
             run_cell(page, STOP)
             panel.locator(".jp-Phalanx-cluster").filter(has_text="No cluster").wait_for()
-            assert_all_gone(cluster, timeout=30)  # no engine, nanny, controller or watchdog left
+            assert_all_gone(cluster, timeout=hang_limit(30))  # no engine, nanny, controller or watchdog left
             step("cluster stopped, none of its processes left")
     # running_lab has failed by now if any process of the kernel outlived the server
-    assert_all_gone(facts["pids"]["zygote"], timeout=30)
+    assert_all_gone(facts["pids"]["zygote"], timeout=hang_limit(30))
     step("lab stopped, nothing left")
 
 
@@ -173,7 +174,7 @@ def _train_and_follow(page, panel) -> None:
     output = page.locator(".jp-Notebook .jp-Cell").nth(FIT).locator(".jp-OutputArea")
     # the summary the saved notebook shows where no widget runs (hidden under the live view)
     summary = output.locator('img[alt="metric curves of quickstart"]')
-    summary.wait_for(state="attached", timeout=60_000)
+    summary.wait_for(state="attached", timeout=hang_limit(60_000))
     assert summary.evaluate("img => img.naturalWidth") > 100
     wait_for_kernel_idle(page)
     text = output.inner_text()
@@ -214,7 +215,7 @@ def _user_environment(env_dir: Path, tmp: Path) -> dict[str, str]:
     return env
 
 
-def _run(argv: list[str], cwd: Path, env: dict[str, str], timeout: float = 120,
+def _run(argv: list[str], cwd: Path, env: dict[str, str], timeout: float = hang_limit(120),
          both: bool = False) -> str:
     """``argv``'s standard output (and error, with ``both``); fails the test if it fails."""
     done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)

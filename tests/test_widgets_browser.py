@@ -18,6 +18,7 @@ from browser_support import (  # noqa: F401  (fixtures)
     wait_for_kernel_idle,
     write_notebook,
 )
+from deadlines import hang_limit
 
 pytestmark = [pytest.mark.browser, pytest.mark.cluster, pytest.mark.slow]
 
@@ -107,7 +108,7 @@ def test_live_view_summary_and_cluster_widget_in_jupyterlab(lab_server, lab_page
     write_notebook(lab_server.root / "views.ipynb", CELLS)
     open_notebook(lab_page, lab_server, "views.ipynb")
     run_all_cells(lab_page)
-    wait_for_kernel_idle(lab_page, timeout_ms=240_000)
+    wait_for_kernel_idle(lab_page, timeout_ms=hang_limit(240_000))
     run = _output(lab_page, 1)
     run.locator(".widget-hprogress").first.wait_for()
     assert run.locator(".widget-hprogress").count() == 2                      # one bar per rank
@@ -138,8 +139,8 @@ def test_live_view_summary_and_cluster_widget_in_jupyterlab(lab_server, lab_page
     panel = _output(lab_page, 2)
     panel.get_by_text("cluster: 2 engine(s)").wait_for()
     panel.locator("button", has_text="+").click()                            # scale from the page
-    panel.get_by_text("cluster: 3 engine(s)").wait_for(timeout=120_000)
+    panel.get_by_text("cluster: 3 engine(s)").wait_for(timeout=hang_limit(120_000))
     panel.locator("button", has_text="−").click()
-    panel.get_by_text("scaling to 2 engine(s): done").wait_for(timeout=120_000)
+    panel.get_by_text("scaling to 2 engine(s): done").wait_for(timeout=hang_limit(120_000))
     assert "cluster: 2 engine(s)" in panel.inner_text()
     screenshot(lab_page, "widgets-cluster.png")

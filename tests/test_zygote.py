@@ -14,6 +14,7 @@ import pytest
 
 from conftest import assert_all_gone, engine_pids
 from phalanx.cluster._zygote import environment_mismatch, read_at_import
+from deadlines import hang_limit
 
 pytestmark = pytest.mark.cluster
 
@@ -91,7 +92,7 @@ def _nannies(zygote: int) -> list[psutil.Process]:
     return [c for c in psutil.Process(zygote).children() if c.name() == "phalanx-nanny"]
 
 
-def _wait(condition, timeout: float = 30.0, what: str = "condition") -> None:
+def _wait(condition, timeout: float = hang_limit(30.0), what: str = "condition") -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
@@ -161,7 +162,7 @@ def test_a_killed_stand_in_or_zygote_takes_its_engines_and_restarts_start_fresh(
     A killed zygote takes its engines along (each reported dead, nothing left unaccounted);
     with the zygote gone, restarted engines start as separate processes."""
     session = no_cluster
-    session.start_cluster(n=2, gpus="none", timeout=60)
+    session.start_cluster(n=2, gpus="none", timeout=hang_limit(60))
     zygote = _zygote_pid(session)
     engines = engine_pids(session)
     stand_ins = [p for p in session.cluster.process_ids()["zygote"]
@@ -171,11 +172,11 @@ def test_a_killed_stand_in_or_zygote_takes_its_engines_and_restarts_start_fresh(
     _wait(lambda: sum(s.state == "dead" for s in session.cluster.slots()) == 1,
           what="the engine of the killed stand-in marked dead")
     gone = [s.pid for s in session.cluster.slots() if s.state == "dead"]
-    assert_all_gone(gone, timeout=15)
+    assert_all_gone(gone, timeout=hang_limit(15))
     os.kill(zygote, signal.SIGKILL)
     # (the stand-ins are this process's children: waiting on them here would reap them before
     # ipyparallel's own wait reads their exit; their slots turning dead says they exited)
-    assert_all_gone([zygote, *engines], timeout=15)
+    assert_all_gone([zygote, *engines], timeout=hang_limit(15))
     _wait(lambda: all(s.state == "dead" for s in session.cluster.slots()),
           what="every engine marked dead")
     assert {s.exit_code for s in session.cluster.slots()} == {-signal.SIGKILL}
@@ -196,9 +197,9 @@ def test_a_later_clusters_controller_is_forked_and_outlives_a_killed_zygote(no_c
     from phalanx.cluster._zygote import CONTROLLER_NAME
 
     session = no_cluster
-    session.start_cluster(n=1, gpus="none", timeout=60)
+    session.start_cluster(n=1, gpus="none", timeout=hang_limit(60))
     session.stop_cluster()  # the fork server is kept for the next cluster
-    session.start_cluster(n=2, gpus="none", timeout=60)
+    session.start_cluster(n=2, gpus="none", timeout=hang_limit(60))
     zygote = _zygote_pid(session)
     controller = psutil.Process(session.cluster.process_ids()["controller"][0])
     assert controller.ppid() == zygote and controller.name() == CONTROLLER_NAME
@@ -224,7 +225,7 @@ def test_an_engine_the_zygote_cannot_serve_starts_fresh(no_cluster, monkeypatch)
     """A variable set in the kernel after the zygote started (imports there may have read it)
     means a new engine starts as a separate process instead."""
     session = no_cluster
-    session.start_cluster(n=1, gpus="none", timeout=60)
+    session.start_cluster(n=1, gpus="none", timeout=hang_limit(60))
     zygote = _zygote_pid(session)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # libgomp reads it when torch is imported
     session.scale(2)
@@ -257,7 +258,7 @@ def test_the_fork_server_serves_the_next_cluster_and_ends_with_the_session():
     before = _fork_servers()
     session = Session()
     try:
-        session.start_cluster(n=2, gpus="none", timeout=60)
+        session.start_cluster(n=2, gpus="none", timeout=hang_limit(60))
         zygote = _zygote_pid(session)
         socket_dir = os.path.dirname(session.cluster.fork_server.handle.path)
         assert oct(os.stat(socket_dir).st_mode & 0o777) == "0o700"
@@ -269,7 +270,7 @@ def test_the_fork_server_serves_the_next_cluster_and_ends_with_the_session():
         _wait(lambda: psutil.Process(zygote).children() == [], what="its engines reaped")
 
         restarted = time.monotonic()
-        session.start_cluster(n=2, gpus="none", timeout=60)
+        session.start_cluster(n=2, gpus="none", timeout=hang_limit(60))
         print(f"measured: second %cluster start {time.monotonic() - restarted:.2f} s")
         assert [i["ppid"] for i in _probe(session)] == [zygote, zygote]
         assert _total(session) == 2.0
@@ -293,22 +294,22 @@ def test_an_ended_fork_server_or_changed_variables_get_a_new_one(monkeypatch):
     session = Session()
     try:
         with pytest.raises(ClusterError, match="PHALANX_FORK_SERVER_IDLE_S='an hour' is not a"):
-            session.start_cluster(n=1, gpus="none", timeout=60)
+            session.start_cluster(n=1, gpus="none", timeout=hang_limit(60))
         assert not session.cluster.running and _fork_servers() == before
         monkeypatch.delenv("PHALANX_FORK_SERVER_IDLE_S")
 
-        session.start_cluster(n=1, gpus="none", timeout=60)
+        session.start_cluster(n=1, gpus="none", timeout=hang_limit(60))
         ended = _zygote_pid(session)
         session.stop_cluster()
         os.kill(ended, signal.SIGTERM)  # what its idle time does
-        assert_all_gone([ended], timeout=15)
-        session.start_cluster(n=1, gpus="none", timeout=60)
+        assert_all_gone([ended], timeout=hang_limit(15))
+        session.start_cluster(n=1, gpus="none", timeout=hang_limit(60))
         first = _zygote_pid(session)
         assert first != ended and _probe(session)[0]["ppid"] == first
         session.stop_cluster()
 
         monkeypatch.setenv("OMP_NUM_THREADS", "1")  # libgomp reads it when torch is imported
-        session.start_cluster(n=1, gpus="none", timeout=60)
+        session.start_cluster(n=1, gpus="none", timeout=hang_limit(60))
         second = _zygote_pid(session)
         assert second != first and _probe(session)[0]["ppid"] == second
         assert_all_gone([first])  # replaced, not left beside the new one
@@ -327,8 +328,8 @@ def test_a_fork_server_without_engines_ends_after_its_idle_time():
     try:
         # (it listens for only a second: on a busy machine this test may first look after that)
         _wait(lambda: os.path.exists(zygote.path) or zygote.proc.poll() is not None,
-              timeout=120, what="the server listening")
-        _wait(lambda: zygote.proc.poll() is not None, timeout=30, what="the idle server ended")
+              timeout=hang_limit(120), what="the server listening")
+        _wait(lambda: zygote.proc.poll() is not None, timeout=hang_limit(30), what="the idle server ended")
         assert zygote.proc.returncode == 0 and not zygote.serves(dict(os.environ))
         assert not os.path.exists(os.path.dirname(zygote.path))
     finally:
@@ -340,7 +341,7 @@ def test_the_fork_server_can_be_turned_off(no_cluster, monkeypatch):
     """PHALANX_FORK_SERVER=0: no zygote, and every engine is the process ipyparallel launched."""
     monkeypatch.setenv("PHALANX_FORK_SERVER", "0")
     session = no_cluster
-    session.start_cluster(n=1, gpus="none", timeout=60)
+    session.start_cluster(n=1, gpus="none", timeout=hang_limit(60))
     assert session.cluster.process_ids()["zygote"] == []
     assert _probe(session)[0]["ppid"] == os.getpid()
     assert _total(session) == 1.0
