@@ -252,11 +252,12 @@ def _restoring(memos: Mapping[str, Mapping[int, Any]]) -> Iterator[None]:
 
 def loads_returns(blob: bytes, memos: Mapping[str, Mapping[int, Any]]) -> Any:
     """Unpickle what :func:`dumps_returns` wrote, in the kernel that packed the names
-    (``memos``: :attr:`GraphPacker.memos`): the notebook's objects get their new state."""
-    import cloudpickle
+    (``memos``: :attr:`GraphPacker.memos`): the notebook's objects get their new state; the
+    notebook's classes keep their own definition (see :mod:`._class_keeping`)."""
+    from ._class_keeping import loads_keeping_classes
 
     with _restoring(memos):
-        return cloudpickle.loads(blob)
+        return loads_keeping_classes(blob)
 
 
 def _original(key: tuple[str, int]) -> Any:
@@ -277,7 +278,11 @@ def _emptied(key: tuple[str, int]) -> Any:
 def _restore_tensor(key: tuple[str, int], value: Any) -> Any:
     import torch
 
+    from ._lazy_params import is_lazy, materialise_like
+
     obj = _original(key)
+    if is_lazy(obj):  # a lazy module's, first run on the engines: it has no shape here yet
+        materialise_like(obj, value)
     with torch.no_grad():
         if obj.shape == value.shape and obj.dtype == value.dtype and obj.device == value.device:
             obj.copy_(value)
