@@ -81,9 +81,13 @@ def _run_cell(spec: RunSpec, shard_blobs: dict[str, bytes] | None, gate: Interru
     profiler = None
     namespace = None
     main = sent = None
+    # The run's module is the process's __main__ from here until its result is packed
+    # (--return included: skorch's __getstate__ pickles the module's class by name)
+    as_main = contextlib.ExitStack()
     try:
         main, sent = _namespace(spec, shard_blobs)
         namespace = main.__dict__
+        as_main.enter_context(_as_main(main))
         put_kept(state, spec.kept, namespace)  # live objects of earlier runs (--keep)
         group = _ensure_group(state, spec)
         share_cores(group.spec.hosts, spec.rank)
@@ -97,7 +101,7 @@ def _run_cell(spec: RunSpec, shard_blobs: dict[str, bytes] | None, gate: Interru
         hooks = _install_hooks(run, namespace, spec.train.shard)
         code = _compile(spec.body)
         profiler = _start_profiler(spec.train.profile, run.device)
-        with _as_main(main), torchrun_world(spec, group):
+        with torchrun_world(spec, group):
             exec(code, namespace)
         finish_uneven(run)  # ranks that still train get answers until every rank is done
         for strategy, params_fn in run.tracked:
@@ -138,6 +142,7 @@ def _run_cell(spec: RunSpec, shard_blobs: dict[str, bytes] | None, gate: Interru
             failure = replace(failure, returns=returned_so_far(spec, namespace, sent))
         return replace(failure, wall_s=time.time() - started)
     finally:
+        _shielded(as_main.close)
         if profiler is not None:
             _shielded(profiler.stop)
         if hooks is not None or run is not None:
@@ -198,6 +203,7 @@ def _namespace(spec: RunSpec, shard_blobs: dict[str, bytes] | None) -> tuple[Any
     import cloudpickle
 
     from ._graph_pickle import load_names, origins
+    from ._main_names import expose_notebook_definitions
 
     cache = engine_state().cache
     missing = [name for name in spec.names if name not in cache]
@@ -207,6 +213,7 @@ def _namespace(spec: RunSpec, shard_blobs: dict[str, bytes] | None) -> tuple[Any
     namespace = module.__dict__
     namespace["__builtins__"] = __builtins__
     memos = load_names(spec.names, {name: cache[name][1] for name in spec.names}, namespace)
+    expose_notebook_definitions(memos, namespace)  # found as __main__.Net by plain pickle
     _track_scheduled_steps(memos)
     for name, part in (shard_blobs or {}).items():
         namespace[name] = cloudpickle.loads(part)

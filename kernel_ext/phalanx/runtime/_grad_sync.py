@@ -58,6 +58,7 @@ import numpy as np
 from ._forward_watch import ForwardWatch
 from ._grad_buckets import Bucket, BucketLayout
 from ._join import KIND_GRADIENTS, JoinControl, RoundInfo
+from ._lazy_params import is_lazy
 from ._overlap import CommThread
 from ._training_watch import framework_synced
 
@@ -380,9 +381,10 @@ _ABANDONED = ("a backward() pass raised after phalanx had begun averaging its gr
 
 
 def _strategy_params(optimizer: Any, run: Any) -> list:
-    """The optimizer's parameters that take gradients and that no DDP wrapper averages."""
+    """The optimizer's parameters that take gradients and that no DDP wrapper averages (a lazy
+    one joins once its module's first forward gave it values)."""
     return [p for group in optimizer.param_groups for p in group["params"]
-            if p.requires_grad and not framework_synced(run, p)]
+            if p.requires_grad and not framework_synced(run, p) and not is_lazy(p)]
 
 
 def _join_scale(info: RoundInfo | None, world_size: int) -> float | None:

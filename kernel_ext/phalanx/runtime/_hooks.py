@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterator
 
 from ._agreement import check_every_steps
 from ._join import KIND_CHECK, KIND_GRADIENTS
+from ._lazy_params import is_lazy
 from ._state import RunContext, current_run, engine_state
 from ._sync import run_strategy
 from ._training_watch import TrainingWatch, framework_synced, is_dtensor
@@ -32,8 +33,10 @@ from ._training_watch import TrainingWatch, framework_synced, is_dtensor
 
 def _optimizer_params(optimizer: Any) -> list:
     """What the strategy syncs: the optimizer's parameters but DTensors (FSDP2 keeps its
-    shards in step itself; their local pieces differ from rank to rank by design)."""
-    return [p for group in optimizer.param_groups for p in group["params"] if not is_dtensor(p)]
+    shards in step itself; their local pieces differ from rank to rank by design) and lazy ones
+    (no values before their module's first forward, which syncs them: ``_lazy_params``)."""
+    return [p for group in optimizer.param_groups for p in group["params"]
+            if not is_dtensor(p) and not is_lazy(p)]
 
 
 class StepHooks:
@@ -194,16 +197,31 @@ def after_step_kind(run: RunContext, strategy: Any) -> int:
 
 
 def attach_existing_optimizers(hooks: StepHooks, namespace: dict) -> None:
-    """Optimizers built in the notebook and shipped with the cell: attach before the first
-    backward pass (same order on every rank: the namespace is built from the same names)."""
+    """Optimizers built in the notebook and shipped with the cell, by name or one level into a
+    list, tuple or dict (``optimizers = [SGD(net.parameters()) for net in nets]``): attach
+    before the first backward pass, so their gradients are averaged from the first step on
+    (same order on every rank: the namespace is built from the same names)."""
     import sys
 
     torch = sys.modules.get("torch")
     if torch is None:
         return
     for value in list(namespace.values()):
-        if isinstance(value, torch.optim.Optimizer):
-            hooks.attach(value)
+        for item in _one_level_in(value):
+            if isinstance(item, torch.optim.Optimizer):
+                hooks.attach(item)
+
+
+def _one_level_in(value: Any, most: int = 1000) -> list:
+    """``value``, then the first ``most`` items a list, tuple or dict holds directly (a list of
+    a million numbers is data, not a holder of optimizers)."""
+    import itertools
+
+    if isinstance(value, dict):
+        return [value, *itertools.islice(value.values(), most)]
+    if isinstance(value, (list, tuple)):
+        return [value, *value[:most]]
+    return [value]
 
 
 def finish_uneven(run: RunContext) -> None:

@@ -235,7 +235,7 @@ class EASGD(SyncStrategy):
     def after_step(self, params: Sequence[Any], step: int) -> None:
         if not self.should_sync(step):
             return
-        centre, moves = self._started()
+        centre, moves = self._started(params)
         for x, c, d in zip(param_values(params), centre, moves):
             _elastic_move(x, c, d, self.alpha)  # d = alpha * (x - c); x -= d
         self.comm.allreduce(moves, op="sum")
@@ -243,14 +243,22 @@ class EASGD(SyncStrategy):
             c += d
 
     def finish(self, params: Sequence[Any]) -> None:
-        centre, _ = self._started()
+        centre, _ = self._started(params)
         for x, c in zip(param_values(params), centre):
             x[...] = c
 
-    def _started(self) -> tuple[list[Any], list[Any]]:
-        """The centre and the buffer of moves, which :meth:`start` makes."""
+    def _started(self, params: Sequence[Any]) -> tuple[list[Any], list[Any]]:
+        """The centre and the buffer of moves, which :meth:`start` makes, one per parameter."""
         if self.centre is None or self._moves is None:
             raise RuntimeError("EASGD.start(params) must run before the first step")
+        if len(params) != len(self.centre):
+            # the centre pairs with the parameters by position: a changed list would pull each
+            # parameter toward another one's centre
+            raise RuntimeError(
+                f"EASGD started with {len(self.centre)} parameters and now steps {len(params)}: "
+                "its centre cannot follow parameters added after the optimizer was built "
+                "(add_param_group, or a lazy module's parameters, which get their shapes at its "
+                "first forward). Build the optimizer after one forward pass of the model.")
         return self.centre, self._moves
 
 

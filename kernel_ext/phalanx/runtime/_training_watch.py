@@ -10,8 +10,10 @@ cell trains, wherever it was built, rather than at optimizers:
   gets rank 0's parameters and buffers (one broadcast) before it computes anything, and its
   parameters get their gradients averaged when backward returns (:mod:`._grad_sync`).  The
   window is open from the start of the run and again whenever a module registers a new
-  parameter (a model built in the cell); it closes once a backward pass ended with no module
-  left to sync, and every module call gets torch's fast path back;
+  parameter (a model built in the cell); it closes once a few backward passes in a row found
+  no module left to sync (a loop may train several models one after another), and every
+  module call gets torch's fast path back.  A lazy module (``LazyLinear``) is synced once its
+  first input gave its parameters their shapes (:mod:`._lazy_params`);
 * **every backward**: ``torch.autograd.backward`` (which ``loss.backward()`` calls) first
   walks the graph to the leaves that will receive a gradient.  A leaf phalanx does not average
   yet (a raw tensor created with ``requires_grad``, a parameter used through a functional call)
@@ -42,6 +44,7 @@ import sys
 from typing import Any, Callable
 
 from ._agreement import differing, labels_in
+from ._lazy_params import LazyModules, is_lazy
 
 
 WALKS_AFTER_CHANGE = 3
@@ -68,11 +71,15 @@ class TrainingWatch:
         self._backward: Any = None       # torch.autograd.backward as it was
         self._framework_modules: set[int] = set()  # modules DDP or FSDP2 syncs (see _on_forward)
         self._fsdp: list = []            # FSDP2 modules seen: their unsharded parameters are theirs
-        # Walking the graph costs ~1 us a node at every pass: it is done at the first passes and
-        # after each new module, then at every SPOT_CHECK-th pass (the agreement check at the
+        # lazy modules (LazyLinear...): synced once their first input gave their parameters shapes
+        self._lazy = LazyModules(self._on_forward)
+        # Walking the graph costs ~1 us a node at every pass: it is done until WALKS_AFTER_CHANGE
+        # passes in a row found nothing new (a loop training several models in turn shows a new
+        # one pass after pass), then at every SPOT_CHECK-th pass (the agreement check at the
         # end of the run would name a leaf that first trained in between)
         self._walks = WALKS_AFTER_CHANGE
         self._passes = 0
+        self._synced_at_forward = False  # a module's forward synced something since the last pass
 
     def install(self) -> None:
         import torch
@@ -99,6 +106,7 @@ class TrainingWatch:
             if handle is not None:
                 handle.remove()
         self._global = self._registration = None
+        self._lazy.remove()
         self._synced.clear()
         self._keep.clear()
 
@@ -147,12 +155,16 @@ class TrainingWatch:
             self.run.ddp_param_ids.update(id(p) for p in module.parameters())
             self._fsdp.extend(m for m in module.modules() if _is_fsdp(m))
             return
-        fresh = [p for p in module.parameters() if id(p) not in self._synced and _ours(self.run, p)]
+        params = list(module.parameters())
+        if any(is_lazy(p) for p in params):
+            self._lazy.watch(module)  # no values to sync yet: at their materialisation
+        fresh = [p for p in params if id(p) not in self._synced and _ours(self.run, p)]
         if not any(p.requires_grad for p in fresh):
             return
-        buffers = [b for b in module.buffers() if id(b) not in self._synced]
+        buffers = [b for b in module.buffers() if id(b) not in self._synced and not is_lazy(b)]
         self.run.collectives.broadcast([t.detach() for t in fresh + buffers], src=0)
         self.mark_synced(fresh + buffers)
+        self._synced_at_forward = True
         trained = [p for p in fresh if p.requires_grad]
         if self._averages:
             self._adopt(trained)
@@ -176,8 +188,12 @@ class TrainingWatch:
         # values were never synced.
         known = self._averaged if self._averages else (lambda t: id(t) in self._synced)
         fresh = [t for t in leaves if not known(t) and _ours(self.run, t)]
+        if fresh or self._synced_at_forward:
+            self._walks = WALKS_AFTER_CHANGE  # something new trained: more may follow
+        self._synced_at_forward = False
         if not fresh:
-            self._close()  # every module that trains is synced: give torch its fast path back
+            if self._walks <= 0:  # every module that trains is synced: give torch its fast path back
+                self._close()
             return
         self._check_same(fresh)  # also for ones synced before: they may have drifted since
         self.mark_synced(fresh)
@@ -189,8 +205,11 @@ class TrainingWatch:
         differ = differing(self.run.collectives, fresh)
         if differ:
             labels = labels_in(self.run.namespace)
-            shown = ", ".join(labels.get(id(fresh[i])) or f"a tensor of shape {tuple(fresh[i].shape)}"
-                              for i in differ[:3])
+            names = [labels.get(id(fresh[i])) for i in differ[:3]]
+            shown = ", ".join(name or f"a tensor of shape {tuple(fresh[i].shape)}"
+                              for name, i in zip(names, differ))
+            call = f"phalanx.broadcast({names[0]})" if names[0] and names[0].isidentifier() \
+                else "phalanx.broadcast(t)"
             raise DivergentLeafError(
                 f"{shown} {'is' if len(differ) == 1 else 'are'} trained in this backward pass but "
                 "held different values on different ranks when the forward pass used "
@@ -198,14 +217,15 @@ class TrainingWatch:
                 "different models, and averaging cannot make that step right. Create it in an "
                 "earlier cell (shipped, it is the same on every rank), make it a parameter of a "
                 "torch.nn.Module (phalanx gives every rank rank 0's parameters at the module's "
-                "first forward), or call phalanx.broadcast([t]) on it before the loop.")
+                f"first forward), or call {call} right after drawing it (every rank then "
+                "holds rank 0's draw).")
 
 
 def _ours(run: Any, tensor: Any) -> bool:
     """A tensor phalanx syncs: not a framework's, and holding its values (a parameter whose
     storage was freed is a framework's gathered copy, FSDP2's between uses)."""
-    if framework_synced(run, tensor):
-        return False
+    if framework_synced(run, tensor) or is_lazy(tensor):
+        return False  # a lazy module's parameter has no values until its first forward
     return tensor.numel() == 0 or tensor.untyped_storage().nbytes() > 0
 
 
