@@ -337,16 +337,18 @@ def _install_hooks(run: RunContext, namespace: dict, shard: tuple[str, ...]) -> 
     from ._sharded import release_derived_classes
     from ._xgboost_world import watch_xgboost
 
+    # Every change below is written in run.patches, which _cleanup takes back, last first
     hooks = StepHooks(run)
+    run.patches.on_undo(hooks.remove, "phalanx's optimizer and gradient hooks")
     hooks.install()
     attach_existing_optimizers(hooks, namespace)
-    install_estimator_sync(run)  # undone by _cleanup, through run.extra_cleanup
+    install_estimator_sync(run)
     patch_namespace_estimators(run, namespace)
-    run.extra_cleanup.append(watch_framework_logs(run))
-    run.extra_cleanup.append(watch_double_split(run.rank, shard, namespace))
-    run.extra_cleanup.append(watch_xgboost(run))
-    run.extra_cleanup.append(watch_lightgbm(run))
-    run.extra_cleanup.append(release_derived_classes)
+    run.patches.on_undo(watch_framework_logs(run), "the frameworks' logging methods")
+    run.patches.on_undo(watch_double_split(run.rank, shard, namespace), "the double-split watch")
+    run.patches.on_undo(watch_xgboost(run), "XGBoost's world")
+    run.patches.on_undo(watch_lightgbm(run), "LightGBM's world")
+    run.patches.on_undo(release_derived_classes, "torch's derived FSDP classes")
     return hooks
 
 
@@ -357,12 +359,13 @@ def _start_profiler(steps: int | None, device: Any) -> Any:
 
 
 def _cleanup(run: RunContext | None, hooks: Any) -> None:
-    if hooks is not None:
-        hooks.remove()
-    if run is not None:
-        for undo in run.extra_cleanup:
-            undo()
-        run.extra_cleanup.clear()
+    """Take back what the run changed in other libraries (``hooks`` is in ``run.patches``).  An
+    undo that failed is said in the cell: the engine may act differently until restarted."""
+    if run is None:
+        return
+    for failure in run.patches.undo_all():
+        print(f"phalanx: rank {run.rank}: {failure}; if this engine misbehaves: "
+              f"%cluster restart {run.rank}", file=sys.stderr, flush=True)
 
 
 def _compile(body: str) -> Any:

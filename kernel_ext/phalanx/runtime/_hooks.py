@@ -21,7 +21,7 @@ chosen by the strategy.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from ._agreement import check_every_steps
 from ._join import KIND_CHECK, KIND_GRADIENTS
@@ -47,7 +47,7 @@ class StepHooks:
 
         self.run = run
         self._handles: list = []
-        self._orig_init: Callable | None = None
+        self.live = False  # between install and remove
         self._primary: int | None = None
         self.grads = run.grad_sync = GradientSync(run, run.join)
         # The hooks run at every optimizer step: what they need is looked up once, here and at
@@ -78,23 +78,26 @@ class StepHooks:
 
         self._handles = [register_optimizer_step_pre_hook(self._before_step),
                          register_optimizer_step_post_hook(self._after_step)]
-        orig = self._orig_init = torch.optim.Optimizer.__init__
+        # each handle also its own line in the ledger (removing one twice is harmless): one
+        # undo that fails, this object's remove() or a handle's, leaves no hook behind
+        for handle, what in zip(self._handles, ("pre", "post")):
+            self.run.patches.on_undo(handle.remove, f"torch's optimizer step {what}-hook")
         hooks = self
+        self.live = True
 
         def init_and_sync(optimizer: Any, *args: Any, **kwargs: Any) -> None:
             orig(optimizer, *args, **kwargs)
-            if type(optimizer).__init__ is not init_and_sync:
+            # only while the run is on: a patch that outlived its run attaches nothing
+            if hooks.live and type(optimizer).__init__ is not init_and_sync:
                 hooks.attach(optimizer)
 
-        # patching torch's class: mypy types an assigned method with an extra ``self``, so no
-        # replacement would match
-        torch.optim.Optimizer.__init__ = init_and_sync  # type: ignore[method-assign, assignment]
+        orig = self.run.patches.set(torch.optim.Optimizer, "__init__", init_and_sync,
+                                    "torch.optim.Optimizer.__init__ (optimizers join the run)")
         if self.watch is not None:
             self.watch.install()
 
     def remove(self) -> None:
-        import torch
-
+        self.live = False
         for handle in self._handles:
             handle.remove()
         self._handles = []
@@ -102,10 +105,7 @@ class StepHooks:
         self._owned.clear()
         if self.watch is not None:
             self.watch.remove()
-        self.grads.remove()
-        if self._orig_init is not None:
-            torch.optim.Optimizer.__init__ = self._orig_init  # type: ignore[method-assign]
-            self._orig_init = None
+        self.grads.remove()  # Optimizer.__init__ is the run's ledger's to put back
 
     def attach(self, optimizer: Any) -> None:
         """Start syncing ``optimizer``: broadcast its parameters from rank 0 now."""

@@ -14,6 +14,7 @@ from typing import Any
 
 from ._commits import CommitStore
 from ._options import TrainOptions
+from ._patch_ledger import PatchLedger
 
 
 class NotInRunError(RuntimeError):
@@ -40,7 +41,8 @@ class RunContext:
     ddp_param_ids: set = field(default_factory=set)
     strategies: dict = field(default_factory=dict)   # id(optimizer or estimator) -> strategy
     tracked: list = field(default_factory=list)      # (strategy, params_fn) for finish()
-    extra_cleanup: list = field(default_factory=list)
+    # what the run changed in other libraries, undone at its end (see _patch_ledger)
+    patches: PatchLedger = field(default_factory=PatchLedger)
     bytes_at_start: int = 0             # the communicators' counter when the run began
     abort: threading.Event = field(default_factory=threading.Event)
     namespace: dict = field(default_factory=dict)    # the cell's globals (what commits save)

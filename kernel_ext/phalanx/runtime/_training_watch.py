@@ -67,7 +67,6 @@ class TrainingWatch:
         self._synced: set[int] = set()   # ids of tensors that hold rank 0's values
         self._keep: list = []            # ... and the tensors, so those ids stay theirs
         self._global: Any = None         # the forward pre-hook while the window is open
-        self._registration: Any = None
         self._backward: Any = None       # torch.autograd.backward as it was
         self._framework_modules: set[int] = set()  # modules DDP or FSDP2 syncs (see _on_forward)
         self._fsdp: list = []            # FSDP2 modules seen: their unsharded parameters are theirs
@@ -79,33 +78,37 @@ class TrainingWatch:
         # end of the run would name a leaf that first trained in between)
         self._walks = WALKS_AFTER_CHANGE
         self._passes = 0
+        self._registration: Any = None
         self._synced_at_forward = False  # a module's forward synced something since the last pass
 
     def install(self) -> None:
         import torch
         from torch.nn.modules.module import register_module_parameter_registration_hook
 
-        self._registration = register_module_parameter_registration_hook(self._on_new_parameter)
-        self._backward = torch.autograd.backward
+        registration = self._registration = \
+            register_module_parameter_registration_hook(self._on_new_parameter)
+        # also in the run's ledger, as remove() may be the undo that failed (twice is harmless)
+        self.run.patches.on_undo(registration.remove, "torch's parameter registration hook")
+        self.run.patches.on_undo(self._close, "the training watch's forward pre-hook")
         watch = self
 
         def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
-            watch.before_backward(tensors, kwargs.get("inputs"))
-            return watch._backward(tensors, *args, **kwargs)
+            if watch._backward is not None:  # not after the watch was removed
+                watch.before_backward(tensors, kwargs.get("inputs"))
+            return original(tensors, *args, **kwargs)
 
-        torch.autograd.backward = backward  # loss.backward() calls it through the module
+        # loss.backward() calls it through the module; the run's ledger puts it back
+        original = self.run.patches.set(torch.autograd, "backward", backward,
+                                        "torch.autograd.backward (the training watch)")
+        self._backward = original
         self._open()
 
     def remove(self) -> None:
-        import torch
-
-        if self._backward is not None:
-            torch.autograd.backward = self._backward
-            self._backward = None
-        for handle in (self._global, self._registration):
-            if handle is not None:
-                handle.remove()
-        self._global = self._registration = None
+        self._backward = None  # torch.autograd.backward is the run's ledger's to put back
+        self._close()
+        if self._registration is not None:
+            self._registration.remove()
+            self._registration = None
         self._lazy.remove()
         self._synced.clear()
         self._keep.clear()
@@ -136,7 +139,8 @@ class TrainingWatch:
             self._global = None
 
     def _on_new_parameter(self, module: Any, name: str, param: Any) -> None:
-        if param is not None and id(param) not in self._synced:
+        # _backward is None once the watch was removed: a hook that outlived its run does nothing
+        if param is not None and self._backward is not None and id(param) not in self._synced:
             self._open()  # a model built in the cell: sync it at its first forward
 
     def _on_forward(self, module: Any, args: Any) -> None:

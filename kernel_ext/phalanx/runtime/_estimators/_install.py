@@ -68,7 +68,7 @@ def _state_for(run: RunContext) -> _RunSync:
         state = _STATES.get(id(run))
         if state is None or state.run is not run:
             state = _STATES[id(run)] = _RunSync(run)
-            run.extra_cleanup.append(state.close)
+            run.patches.on_undo(state.close, "partial_fit merging of scikit-learn estimators")
         _BY_THREAD[threading.get_ident()] = state
         return state
 
@@ -84,7 +84,8 @@ def _patch_instance(estimator: Any, state: _RunSync) -> None:
     except (TypeError, AttributeError) as exc:
         raise TypeError(f"phalanx cannot synchronise partial_fit of {type(estimator).__name__}: "
                         f"neither its class nor the instance accepts a new attribute") from exc
-    state.run.extra_cleanup.append(lambda: vars(estimator).pop("partial_fit", None))
+    state.run.patches.on_undo(lambda: vars(estimator).pop("partial_fit", None),
+                              f"partial_fit of a {type(estimator).__name__} instance")
 
 
 def patch_partial_fit(estimator: Any, run: RunContext) -> Any:
@@ -120,7 +121,7 @@ def patch_namespace_estimators(run: RunContext, namespace: dict) -> int:
 
 def install_estimator_sync(run: RunContext) -> Callable[[], None]:
     """Synchronise ``partial_fit`` of every scikit-learn estimator the cell builds while ``run``
-    is active; returns the undo (also queued in ``run.extra_cleanup``; calling both is fine).
+    is active; returns the undo (also written in ``run.patches``; calling both is fine).
 
     Costs nothing when scikit-learn is not installed; when it is installed but not imported,
     nothing is imported until the cell does.
