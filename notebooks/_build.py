@@ -49,7 +49,7 @@ QUICKSTART = [
         "(`--sync allreduce`, the default, as in DistributedDataParallel), so `opt.step()` steps "
         "with the average; `--return model` brings the trained model back."),
     code(
-        "%%distributed_fit --shard Xtr,ytr --return model --seed 0 --steps 240\n"
+        "%%distributed_fit --shard Xtr,ytr --return model --seed 0 --steps 260\n"
         "from phalanx import log\n"
         "opt = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)\n"
         "for epoch in range(20):\n"

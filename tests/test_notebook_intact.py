@@ -178,3 +178,25 @@ def test_repeated_runs_that_return_a_notebook_model_leave_its_class_whole(notebo
         run_cell(shell, HEAD + "\n" + TRAIN)
         run_cell(shell, RETURNED)
         run_cell(shell, CHECKS)
+
+
+NOTEBOOK_MODEL = "model = Tiny()\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+STEP = ("for _ in range(3):\n    opt.zero_grad()\n"
+        "    torch.nn.functional.mse_loss(model(X), y).backward()\n    opt.step()\n")
+
+
+@pytest.mark.parametrize("flags, cell, said", [
+    ("", STEP, True),                                   # the notebook's model, trained, forgotten
+    (" --return model", STEP, False),
+    (" --return net", "net = model\n" + STEP, False),   # returned under another name: in place
+    ("", "model = Tiny()\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n" + STEP, False),
+    ("", "total = allreduce(1.0)\n", False),            # nothing trained
+])
+def test_a_notebook_model_trained_but_not_returned_is_said(notebook, shell, capsys, flags, cell,
+                                                           said):
+    run_cell(shell, NOTEBOOK_MODEL)
+    capsys.readouterr()
+    run_cell(shell, "%%distributed_fit --shard X,y --seed 0 --no-widget" + flags + "\n" + cell)
+    out = capsys.readouterr()
+    line = "phalanx: model was trained on the engines but not returned: add --return model"
+    assert (line in out.err) is said, out.err[-2000:]

@@ -281,6 +281,10 @@ class FitRunner:
 
                 # the notebook's own objects, with their trained state (see _graph_pickle)
                 _bind_returns(job.user_ns, loads_returns(blob, prepared.memos))
+        if status == "done" and 0 in results and results[0].trained_not_returned:
+            from ..runtime._unreturned import notice
+
+            print(notice(results[0].trained_not_returned), file=sys.stderr)
         return record
 
     # --- preparation ------------------------------------------------------------------------

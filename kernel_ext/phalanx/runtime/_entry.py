@@ -81,12 +81,14 @@ def _run_cell(spec: RunSpec, shard_blobs: dict[str, bytes] | None, gate: Interru
     profiler = None
     namespace = None
     main = sent = None
+    shipped: dict[str, Any] = {}  # the notebook's names as sent, before the cell rebinds them
     # The run's module is the process's __main__ from here until its result is packed
     # (--return included: skorch's __getstate__ pickles the module's class by name)
     as_main = contextlib.ExitStack()
     try:
         main, sent = _namespace(spec, shard_blobs)
         namespace = main.__dict__
+        shipped = {name: namespace[name] for name in spec.names if name in namespace}
         as_main.enter_context(_as_main(main))
         put_kept(state, spec.kept, namespace)  # live objects of earlier runs (--keep)
         group = _ensure_group(state, spec)
@@ -107,6 +109,7 @@ def _run_cell(spec: RunSpec, shard_blobs: dict[str, bytes] | None, gate: Interru
         for strategy, params_fn in run.tracked:
             strategy.finish(params_fn())
         check_run_agreement(run, "at the end of the run")
+        unreturned = _unreturned(run, spec, shipped, namespace) if spec.rank == 0 else ()
         gate.close()  # no collective is left: an interrupt now could only lose the result
         _cleanup(run, hooks)
         hooks = None
@@ -115,7 +118,7 @@ def _run_cell(spec: RunSpec, shard_blobs: dict[str, bytes] | None, gate: Interru
                           returns=returned(spec, namespace, sent),
                           held=mode_for(namespace, spec.train.mode).held_bytes(namespace),
                           profile=profiler.result() if profiler is not None else None,
-                          **_progress(run))
+                          trained_not_returned=unreturned, **_progress(run))
     except StopForResize as stop:  # every rank stops at the same commit: nothing to release
         gate.close()
         return RankResult(Outcome.RESIZED, error="StopForResize", message=str(stop),
@@ -159,6 +162,18 @@ def _run_cell(spec: RunSpec, shard_blobs: dict[str, bytes] | None, gate: Interru
             run.watch = None
         run = hooks = profiler = namespace = main = sent = None
         _shielded(collect_cuda_garbage)
+
+
+def _unreturned(run: RunContext, spec: RunSpec, shipped: dict[str, Any],
+                namespace: dict) -> tuple[str, ...]:
+    """The notebook's objects this run trained that ``--return`` does not bring back (one
+    returned under another name, ``net = model``, comes back: the kernel applies it in place)."""
+    from ._unreturned import trained_ids, trained_not_returned
+
+    returns = spec.train.returns
+    by_value = {id(namespace[r]) for r in returns if r in namespace}
+    candidates = {n: v for n, v in shipped.items() if id(v) not in by_value}
+    return trained_not_returned(candidates, returns, trained_ids(run), run.strategies)
 
 
 def _progress(run: RunContext | None) -> dict[str, Any]:
