@@ -200,3 +200,12 @@ def test_a_notebook_model_trained_but_not_returned_is_said(notebook, shell, caps
     out = capsys.readouterr()
     line = "phalanx: model was trained on the engines but not returned: add --return model"
     assert (line in out.err) is said, out.err[-2000:]
+
+
+def test_a_failing_line_is_numbered_as_the_editor_numbers_the_cell(notebook, shell):
+    from phalanx.fit import DistributedFitError
+
+    with pytest.raises(DistributedFitError) as info:
+        run_cell(shell, "%%distributed_fit --no-widget\nx = 1\ny = 2\n"
+                        "if rank == 1:\n    raise ValueError('bad batch')\n")
+    assert 'line 5, in <module>\n    raise ValueError' in str(info.value).replace("\n        ", "\n    ")

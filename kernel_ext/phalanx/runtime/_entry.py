@@ -384,9 +384,11 @@ def _cleanup(run: RunContext | None, hooks: Any) -> None:
 
 
 def _compile(body: str) -> Any:
-    # Registering the source lets tracebacks show the user's lines.
-    linecache.cache[CELL_FILENAME] = (len(body), None, body.splitlines(True), CELL_FILENAME)
-    return compile(body, CELL_FILENAME, "exec")
+    # Registering the source lets tracebacks show the user's lines; the blank first line stands
+    # for the %%distributed_fit line, so a frame's line number is the one the editor shows.
+    source = "\n" + body
+    linecache.cache[CELL_FILENAME] = (len(source), None, source.splitlines(True), CELL_FILENAME)
+    return compile(source, CELL_FILENAME, "exec")
 
 
 def _poison_group(state: Any, exc: BaseException) -> None:
