@@ -17,7 +17,7 @@ PYTEST_WORKERS ?= -n logical --maxprocesses=4 --dist loadfile
 # compiles phalanx again.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: setup lab lab-command lint test test-shuffled test-busy demo bench chaos notebooks screenshots links chromium cluster-daemons clean dist test-dist
+.PHONY: setup lab lab-command lint test test-shuffled test-busy demo bench gpu-check chaos notebooks screenshots links chromium cluster-daemons clean dist test-dist
 
 # The lab panel's sources: an edit to any of them re-runs the install, which rebuilds the panel
 # and copies it where JupyterLab loads it from.
@@ -128,6 +128,17 @@ demo: setup
 
 bench: setup
 	$(PY) benchmarks/run_all.py
+
+# The GPU check (benchmarks/gpu_check.py): under 6 minutes on a machine with a GPU; without one
+# each step says "skipped: no GPU".  On a machine with its own CUDA torch (the lent one: its
+# python3), `make gpu-check GPU_PY=python3` installs what it lacks from the wheels in .whl first.
+GPU_PY ?= $(PY)
+GPU_SITE ?= /tmp/phalanx-gpu-site
+gpu-check:
+	@if ls .whl/*.whl >/dev/null 2>&1; then \
+	  $(GPU_PY) -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+	    --target $(GPU_SITE) .whl/*.whl || exit 1; fi
+	PYTHONPATH=$(GPU_SITE)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
 
 # The example notebooks, rebuilt from notebooks/_build.py and saved executed (2-engine CPU cluster).
 notebooks: setup

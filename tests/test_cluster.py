@@ -112,16 +112,23 @@ def test_bad_start_starts_nothing(shell, line, message):
 
 
 def test_gpu_pinning_gives_each_engine_one_distinct_device():
-    """A fake device list stands in for nvidia-smi; the engines really get the variable."""
+    """A fake device list stands in for nvidia-smi; the engines really get the variables: each
+    sees the host's GPUs (its own at its LOCAL_RANK), and a restarted rank keeps its GPU."""
     from phalanx._session import Session
+
+    def pinning():
+        import os
+        return os.environ["CUDA_VISIBLE_DEVICES"], os.environ["PHALANX_GPU"]
 
     session = Session(device_lister=lambda: ["0", "1"])
     try:
         session.start_cluster(gpus="auto")  # default: one engine per GPU
         assert session.cluster.size == 2
-        seen = session.cluster.view().apply_sync(lambda: __import__("os").environ["CUDA_VISIBLE_DEVICES"])
-        assert sorted(seen) == ["0", "1"]
-        assert [r["device"] for r in session.status().rows] == seen
+        seen = session.cluster.view().apply_sync(pinning)
+        assert seen == [("0,1", "0"), ("0,1", "1")]
+        assert [r["device"] for r in session.status().rows] == ["0", "1"]
+        session.restart(0)  # the host's GPUs are all taken: the new engine takes rank 0's
+        assert session.cluster.view().apply_sync(pinning) == seen
         # Engines import torch ahead of the first cell, but nothing initialises CUDA there.
         cuda_started = session.cluster.client[:].apply_sync(
             lambda: "torch" in __import__("sys").modules and __import__("torch").cuda.is_initialized())

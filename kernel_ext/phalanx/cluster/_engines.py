@@ -20,7 +20,7 @@ import subprocess
 
 from ._exit_watch import ExitWatch
 from ._fork_server import ForkServer
-from ._gpus import assign_devices, pinning_env
+from ._gpus import assign_devices, host_gpu_order, pinning_env
 from ._heartbeat import ENGINE_ARGS
 from ._probe import warm_up
 from ._ranks import EngineSlot, pair_by_host
@@ -47,8 +47,8 @@ class EngineStarter:
         state = self.state
         new_slots: list[EngineSlot] = []
         try:
-            self._launch(count, new_slots, hosts)
-            self.await_registration(new_slots, state.timeout)
+            self._launch(count, new_slots, hosts, replacing)
+            self.await_registration(new_slots, state.timeout, replacing)
             for set_id in {s.engine_set_id for s in new_slots}:
                 state.launcher.note_started(state.cluster.engines.get(set_id),
                                             [s for s in new_slots if s.engine_set_id == set_id])
@@ -78,16 +78,17 @@ class EngineStarter:
             state.generation += 1
         state.on_change()
 
-    def await_registration(self, slots: list[EngineSlot], timeout: float) -> None:
+    def await_registration(self, slots: list[EngineSlot], timeout: float,
+                           replacing: list[str] | None = None) -> None:
         """Wait until each new slot's engine has registered and answered the probe."""
         state = self.state
         await_registration(state, slots, timeout)
         if not state.launcher.one_set_per_engine:
-            pin_group(state, slots)
+            pin_group(state, slots, replacing)
         state.client[[s.engine_id for s in slots]].apply_async(warm_up)  # not awaited
 
-    def _launch(self, count: int, slots: list[EngineSlot],
-                hosts: dict[str, int] | None = None) -> None:
+    def _launch(self, count: int, slots: list[EngineSlot], hosts: dict[str, int] | None = None,
+                replacing: list[str] | None = None) -> None:
         """Start ``count`` engines, adding their slots to ``slots`` as they are registered.
 
         A slot is registered *before* its set starts: an engine that exits at once (a broken
@@ -98,12 +99,17 @@ class EngineStarter:
         assert state.runner is not None and state.cluster is not None
         if state.launcher.one_set_per_engine:
             first_rank, here = state.size, socket.gethostname()
-            devices = assign_devices(state.gpu_spec, [here] * (first_rank + count),
-                                     {here: state.gpus})[first_rank:]
+            if replacing is not None:  # a replacement keeps the rank, so LOCAL_RANK and GPU too
+                devices = [state.slots[s].device for s in replacing]
+            else:
+                devices = assign_devices(state.gpu_spec, [here] * (first_rank + count),
+                                         {here: state.gpus})[first_rank:]
+            order = host_gpu_order(state.gpu_spec, state.gpus)
             for device in devices:
                 slot_id = f"slot-{next(state.ids)}"
                 slots.append(state.register(EngineSlot(slot_id, slot_id, device)))
-                self._start_set(slot_id, 1, {"PHALANX_SLOT": slot_id, **pinning_env(device),
+                self._start_set(slot_id, 1, {"PHALANX_SLOT": slot_id,
+                                             **pinning_env(device, order),
                                              **self._fork_server.engine_env(device)})
         else:
             set_id = f"set-{next(state.ids)}"

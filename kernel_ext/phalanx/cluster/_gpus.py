@@ -3,7 +3,8 @@
 The kernel must never initialise CUDA (a forked or later-started engine would then hit
 "CUDA already initialized"), so devices are discovered with ``nvidia-smi`` or read from
 ``CUDA_VISIBLE_DEVICES``, and each engine is pinned by setting its own ``CUDA_VISIBLE_DEVICES``
-before anything in it touches CUDA.
+(its host's GPUs, :func:`host_gpu_order`) and ``PHALANX_GPU`` (its own) before anything in it
+touches CUDA (:func:`~phalanx.runtime._device_rule.pinning_env`).
 
 Example::
 
@@ -18,6 +19,11 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from typing import Mapping, Sequence
+
+from ..runtime._device_rule import pinning_env
+
+__all__ = ["GpuSpec", "GpuSpecError", "parse_gpu_spec", "visible_gpus", "default_engine_count",
+           "assign_devices", "host_gpu_order", "pinning_env"]
 
 
 class GpuSpecError(ValueError):
@@ -121,6 +127,17 @@ def assign_devices(spec: GpuSpec, hosts: Sequence[str],
     return result
 
 
-def pinning_env(device: str | None) -> dict[str, str]:
-    """Environment that pins an engine to ``device`` (or hides every GPU for a CPU engine)."""
-    return {"CUDA_VISIBLE_DEVICES": "" if device is None else device}
+def host_gpu_order(spec: GpuSpec, devices: Sequence[str]) -> list[str]:
+    """The GPUs a host's engines see, in the order they take them (``devices``: the host's).
+
+    Every engine of the host sees this same list, so the one with ``LOCAL_RANK`` k owns its
+    k-th entry (see :mod:`phalanx.runtime._device_rule`).
+
+    Example::
+
+        >>> host_gpu_order(parse_gpu_spec("2,0"), ["0", "1", "2"])
+        ['2', '0']
+    """
+    if spec.mode == "none":
+        return []
+    return list(spec.indices) if spec.mode == "list" else list(devices)

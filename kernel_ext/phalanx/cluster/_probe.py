@@ -46,8 +46,9 @@ def identify_engine(controller_ip: str | None = None) -> dict:
     }
 
 
-def pin_engine(slot: str, device: str | None) -> str:
-    """Pin this engine to ``device`` before anything in it initialises CUDA.
+def pin_engine(slot: str, device: str | None, visible: str = "") -> str:
+    """Pin this engine to ``device`` among ``visible`` (its host's GPUs, comma-separated; just
+    ``device`` if empty) before anything in it initialises CUDA.
 
     Used for launchers whose engines share one environment (MPI, batch systems); local engines
     get their ``CUDA_VISIBLE_DEVICES`` at launch instead.
@@ -55,11 +56,13 @@ def pin_engine(slot: str, device: str | None) -> str:
     import os
     import sys
 
+    from phalanx.runtime._device_rule import pinning_env
+
     if "torch" in sys.modules and getattr(sys.modules["torch"], "cuda", None) is not None:
         if sys.modules["torch"].cuda.is_initialized():
             raise RuntimeError("CUDA was initialised in this engine before phalanx could pin it")
     os.environ["PHALANX_SLOT"] = slot
-    os.environ["CUDA_VISIBLE_DEVICES"] = "" if device is None else device
+    os.environ.update(pinning_env(device, [d for d in visible.split(",") if d]))
     return os.environ["CUDA_VISIBLE_DEVICES"]
 
 

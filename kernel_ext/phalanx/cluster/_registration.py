@@ -15,7 +15,7 @@ from typing import Any
 
 from ._errors import ClusterError
 from ._launchers import log_tail
-from ._gpus import assign_devices
+from ._gpus import assign_devices, host_gpu_order
 from ._locality import host_label, is_local
 from ._probe import identify_engine, pin_engine
 from ._state import ClusterState
@@ -62,15 +62,35 @@ def probe(state: ClusterState, eid: int, timeout: float, deadline: float) -> dic
                            f"({exc}); start it again (%cluster start, scale or restart)") from None
 
 
-def pin_group(state: ClusterState, slots: list) -> None:
+def pin_group(state: ClusterState, slots: list, replacing: list[str] | None = None) -> None:
     """Engines started together share one environment: pin each one after it registered,
-    to a device of its own host (the host's devices as its engines reported them)."""
+    to a device of its own host (the host's devices as its engines reported them).  Each
+    engine sees all of its host's GPUs, its own at its ``LOCAL_RANK``; a replacement takes the
+    GPU of the engine it replaces (it keeps that one's rank)."""
     everyone = [s for s in state.in_rank_order() if s not in slots] + slots
     visible = {s.host: (state.gpus if is_local(s) else s.info.get("gpus", [])) for s in everyone}
-    devices = assign_devices(state.gpu_spec, [s.host for s in everyone], visible)
-    for slot, device in zip(slots, devices[len(everyone) - len(slots):]):
+    if replacing is not None:
+        devices = _devices_of_replaced([state.slots[s] for s in replacing], slots)
+    else:
+        devices = assign_devices(state.gpu_spec, [s.host for s in everyone],
+                                 visible)[len(everyone) - len(slots):]
+    for slot, device in zip(slots, devices):
         slot.device = device
-        state.client[slot.engine_id].apply_sync(pin_engine, slot.slot_id, device)
+        order = ",".join(host_gpu_order(state.gpu_spec, visible.get(slot.host, [])))
+        state.client[slot.engine_id].apply_sync(pin_engine, slot.slot_id, device, order)
+
+
+def _devices_of_replaced(old: list, new: list) -> list[str | None]:
+    """For each of ``new``, the device of the ``old`` slot it replaces: one on its host, in
+    rank order (as the ranks are then handed over), else the next one left."""
+    left = list(old)
+    devices = []
+    for slot in new:
+        match = next((o for o in left if o.host == slot.host), left[0] if left else None)
+        if match is not None:
+            left.remove(match)
+        devices.append(match.device if match is not None else None)
+    return devices
 
 
 def check_sets(state: ClusterState, slots: list, pending: dict, timeout: float,

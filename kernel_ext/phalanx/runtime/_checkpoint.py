@@ -39,7 +39,17 @@ def to_bytes(obj: Any) -> bytes:
 def from_bytes(blob: bytes) -> Any:
     import torch
 
-    return torch.load(io.BytesIO(blob), weights_only=True)
+    return torch.load(io.BytesIO(blob), weights_only=True, map_location=_onto_this_gpu)
+
+
+def _onto_this_gpu(storage: Any, location: str) -> Any:
+    """A tensor saved on a GPU comes back on this engine's (the current device): a commit a
+    peer sends holds that peer's ``cuda:LOCAL_RANK``, another engine's GPU here."""
+    if location.startswith("cuda"):
+        import torch
+
+        return storage.cuda(torch.cuda.current_device())
+    return storage
 
 
 def save_state(objects: dict[str, Any]) -> bytes:

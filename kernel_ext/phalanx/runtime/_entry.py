@@ -325,8 +325,9 @@ def _device(spec: RunSpec) -> Any:
 
     if spec.group.backend == "nccl" or (os.environ.get("CUDA_VISIBLE_DEVICES")
                                               and torch.cuda.is_available()):
-        torch.cuda.set_device(0)  # the engine is pinned: its only visible GPU is index 0
-        return torch.device("cuda", 0)
+        from ._own_gpu import use_own_gpu
+
+        return use_own_gpu(spec)  # cuda:LOCAL_RANK, now the current device (see _device_rule)
     return torch.device("cpu")
 
 

@@ -18,6 +18,8 @@ import os
 import sys
 import time
 
+from ._device_rule import own_gpu_index
+
 _MB = 2**20
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -48,6 +50,15 @@ def cuda_in_use() -> bool:
         return False
 
 
+def own_device() -> int:
+    """This engine's own GPU: from its pinning (the metrics thread's current device is cuda:0
+    whatever the run set, since CUDA keeps one per thread), else the current device."""
+    import torch
+
+    index = own_gpu_index(os.environ, local_rank=None)
+    return torch.cuda.current_device() if index is None else index
+
+
 def memory_sample() -> dict:
     """``{"t", "rss_mb"}`` plus ``cuda_allocated_mb``, ``cuda_reserved_mb``, ``cuda_peak_mb`` and
     ``cuda_total_mb`` when this process uses CUDA."""
@@ -59,7 +70,7 @@ def memory_sample() -> dict:
         import torch
 
         try:
-            device = torch.cuda.current_device()
+            device = own_device()
             sample.update(
                 cuda_allocated_mb=round(torch.cuda.memory_allocated(device) / _MB, 1),
                 cuda_reserved_mb=round(torch.cuda.memory_reserved(device) / _MB, 1),
@@ -76,7 +87,7 @@ def reset_cuda_peak() -> None:
         import torch
 
         try:
-            torch.cuda.reset_peak_memory_stats()
+            torch.cuda.reset_peak_memory_stats(own_device())
         except Exception:
             pass
 
@@ -98,7 +109,7 @@ def collect_cuda_garbage(min_fraction: float = 0.05) -> bool:
     import torch
 
     try:
-        device = torch.cuda.current_device()
+        device = own_device()
         total = torch.cuda.get_device_properties(device).total_memory
         if torch.cuda.memory_allocated(device) < min_fraction * total:
             return False

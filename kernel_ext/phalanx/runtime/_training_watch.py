@@ -44,6 +44,7 @@ import sys
 from typing import Any, Callable
 
 from ._agreement import differing, labels_in
+from ._own_gpu import check_training_device
 from ._lazy_params import LazyModules, is_lazy
 
 
@@ -165,6 +166,7 @@ class TrainingWatch:
         fresh = [p for p in params if id(p) not in self._synced and _ours(self.run, p)]
         if not any(p.requires_grad for p in fresh):
             return
+        check_training_device(self.run, fresh[:1])  # before a broadcast on another's GPU
         buffers = [b for b in module.buffers() if id(b) not in self._synced and not is_lazy(b)]
         self.run.collectives.broadcast([t.detach() for t in fresh + buffers], src=0)
         self.mark_synced(fresh + buffers)
@@ -184,6 +186,7 @@ class TrainingWatch:
             return
         self._walks -= 1
         roots = [tensors] if _is_tensor(tensors) else list(tensors or ())
+        check_training_device(self.run, roots[:1])
         leaves = _leaves(roots) if inputs is None else _as_list(inputs)
         if self._fsdp:  # FSDP2 trains its unsharded parameters, which no module lists
             self.run.ddp_param_ids.update(_fsdp_unsharded_ids(self._fsdp))
