@@ -10,10 +10,11 @@ cell trains, wherever it was built, rather than at optimizers:
   gets rank 0's parameters and buffers (one broadcast) before it computes anything, and its
   parameters get their gradients averaged when backward returns (:mod:`._grad_sync`).  The
   window is open from the start of the run and again whenever a module registers a new
-  parameter (a model built in the cell); it closes once a few backward passes in a row found
-  no module left to sync (a loop may train several models one after another), and every
-  module call gets torch's fast path back.  A lazy module (``LazyLinear``) is synced once its
-  first input gave its parameters their shapes (:mod:`._lazy_params`);
+  parameter (a model built in the cell); it closes after a backward pass that brought nothing
+  new, at its forward or in its graph (a loop that trains several models one after another
+  brings a new one pass after pass), and every module call gets torch's fast path back.  A
+  lazy module (``LazyLinear``) is synced once its first input gave its parameters their shapes
+  (:mod:`._lazy_params`);
 * **every backward**: ``torch.autograd.backward`` (which ``loss.backward()`` calls) first
   walks the graph to the leaves that will receive a gradient.  A leaf phalanx does not average
   yet (a raw tensor created with ``requires_grad``, a parameter used through a functional call)
@@ -195,11 +196,15 @@ class TrainingWatch:
         # values were never synced.
         known = self._averaged if self._averages else (lambda t: id(t) in self._synced)
         fresh = [t for t in leaves if not known(t) and _ours(self.run, t)]
-        if fresh or self._synced_at_forward:
+        new_at_forward, self._synced_at_forward = self._synced_at_forward, False
+        if fresh or new_at_forward:
             self._walks = WALKS_AFTER_CHANGE  # something new trained: more may follow
-        self._synced_at_forward = False
         if not fresh:
-            if self._walks <= 0:  # every module that trains is synced: give torch its fast path back
+            # A pass that brought nothing new, at its forward or here: every module that trains
+            # is synced, so torch's fast path back for every module call.  A model first used
+            # later is still found: a new parameter reopens the window, and the next walks (up
+            # to WALKS_AFTER_CHANGE, then every SPOT_CHECK-th pass) see its leaves.
+            if not new_at_forward:
                 self._close()
             return
         self._check_same(fresh)  # also for ones synced before: they may have drifted since
