@@ -245,5 +245,7 @@ def test_bad_recovery_flags_run_nothing(ckpt, shell, flags, message):
 def test_checkpoint_every_without_steps_loop_warns(ckpt, shell):
     from phalanx.fit import CheckpointWarning
 
-    with pytest.warns(CheckpointWarning, match="committed nothing"):
+    with pytest.warns(CheckpointWarning, match="committed nothing") as caught:
         run_cell(shell, "%%distributed_fit --checkpoint-every 2\nfor i in range(4):\n    allreduce(1.0)\n")
+    # shown at the person's cell, as a warning of their own code is, not inside phalanx
+    assert caught[0].filename in shell.compile._filename_map, caught[0].filename

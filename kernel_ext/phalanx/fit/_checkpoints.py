@@ -31,12 +31,12 @@ class CheckpointWarning(UserWarning):
 
 def warn_if_unused(lineage: "Lineage | None", results: Mapping[int, RankResult]) -> None:
     """--checkpoint-every on a loop that does not go through phalanx.steps() commits nothing."""
-    import warnings
+    from ._cell_warning import warn_at_cell
 
     if lineage is not None and results and not any(r.steps_loop for r in results.values()):
-        warnings.warn("--checkpoint-every committed nothing: write the loop as "
+        warn_at_cell("--checkpoint-every committed nothing: write the loop as "
                       "`for step in steps(N):` (from phalanx.runtime import steps) so phalanx "
-                      "knows where iterations end", CheckpointWarning, stacklevel=3)
+                      "knows where iterations end", CheckpointWarning)
 
 
 @dataclass(frozen=True)

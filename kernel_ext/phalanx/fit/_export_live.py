@@ -17,11 +17,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import warnings
 from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from ._cell_warning import warn_at_cell
 from ._export import ExportWarning, Lines, RunInfo, Series, Sink, option_params, run_summary
 from ._options import FitUsageError
 
@@ -58,7 +58,7 @@ class _Feed:
         self.each(lambda s: s.end(summary, manifest))
         self.each(lambda s: s.close())
         for message in self.failures:
-            warnings.warn(message, ExportWarning, stacklevel=3)
+            warn_at_cell(message, ExportWarning)
 
 
 def _close_quietly(sink: Sink) -> None:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import warnings
 from pathlib import Path
 from typing import Any, Mapping
+
+from ._cell_warning import warn_at_cell
 
 
 class ReproducibilityWarning(UserWarning):
@@ -46,9 +47,9 @@ def warn_if_world_differs(body: str, user_ns: Mapping[str, Any], world_size: int
     saved = saved_manifest(user_ns.get("__session__"), cell_hash(body))
     if saved is None or saved.get("world_size") == world_size:
         return
-    warnings.warn(
+    warn_at_cell(
         f"this cell's saved results come from {saved.get('world_size')} rank(s); it now runs on "
         f"{world_size}, so results may differ: each rank gets other rows of the sharded data, "
         "the effective batch changes and floating-point sums are taken in another order. Scale "
         f"the cluster to {saved.get('world_size')} (%cluster scale {saved.get('world_size')}) to "
-        "reproduce them.", ReproducibilityWarning, stacklevel=3)
+        "reproduce them.", ReproducibilityWarning)

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import builtins
 import hashlib
-import warnings
 from typing import Any, Callable, Iterable, Mapping
 
+from ._cell_warning import warn_at_cell
 from ._scope import split_reads
 from ._suggest import did_you_mean, joined
 
@@ -124,8 +124,8 @@ def pack(name: str, value: Any, dumps: Callable[[Any], bytes] | None = None) -> 
             f"cannot send {path} to the engines: {type(culprit).__name__} objects cannot be "
             f"pickled ({exc}). Create it inside the cell instead, or leave it out.") from None
     if len(blob) > LARGE_OBJECT_BYTES:
-        warnings.warn(f"sending {name} ({len(blob) / 2**20:.0f} MB) to the engines: consider "
-                      f"--shard {name} or loading it inside the cell", ShippingWarning, stacklevel=3)
+        warn_at_cell(f"sending {name} ({len(blob) / 2**20:.0f} MB) to the engines: consider "
+                      f"--shard {name} or loading it inside the cell", ShippingWarning)
     return blob
 
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import threading
 import time
-import warnings
 
+from ._cell_warning import warn_at_cell
 from .. import events
 from ._digest import CurveDigest
 from ._history import MetricHistory
@@ -190,4 +190,4 @@ class RunTracker:
         self.drain()
         self.history.persist()  # a finished run's rows live on disk, not in the kernel's memory
         for message in dict.fromkeys(self.warnings):
-            warnings.warn(message, MetricWarning, stacklevel=2)
+            warn_at_cell(message, MetricWarning)
