@@ -23,6 +23,7 @@ from typing import Any, Callable, Sequence
 
 from .. import events
 from ..runtime import CheckpointSpec, GroupSpec, RankResult, ResumePlan, RunSpec, run_cell
+from ._bring_back import bring_back
 from ._checkpoints import Lineage, choose_lineage, warn_if_unused
 from ._control import RunControl
 from ._dispatch import Prepared, choose_backend, prepare
@@ -274,17 +275,7 @@ class FitRunner:
         # the line the cell's error starts with (rank, exception, step), for the panel
         record.error = error.splitlines()[0].rstrip(":") if error else None
         self._emit(events.run_ended(job.run_id, status, wall, record.error))
-        if status in ("done", "interrupted"):  # interrupted: what was trained until the stop
-            blob = results[0].returns if 0 in results else None
-            if blob is not None:
-                from ..runtime._graph_pickle import loads_returns
-
-                # the notebook's own objects, with their trained state (see _graph_pickle)
-                _bind_returns(job.user_ns, loads_returns(blob, prepared.memos))
-        if status == "done" and 0 in results and results[0].trained_not_returned:
-            from ..runtime._unreturned import notice
-
-            print(notice(results[0].trained_not_returned), file=sys.stderr)
+        bring_back(job.user_ns, status, results, prepared.memos)
         return record
 
     # --- preparation ------------------------------------------------------------------------
@@ -343,24 +334,6 @@ class FitRunner:
                         kept=prepared.kept,
                         memory_interval_s=self.memory_interval_s)
                 for r in range(len(slots))]
-
-
-def _bind_returns(user_ns: dict, values: dict) -> None:
-    """Put what rank 0 returned in the notebook.  A sharded model comes back as its full
-    state dict: loaded into the notebook's model of that name (its own object, as for any
-    returned model), or, where the notebook has none, bound as the state dict itself."""
-    from ..runtime._sharded import FullStateDict
-
-    for name, value in values.items():
-        if not isinstance(value, FullStateDict):
-            user_ns[name] = value
-        elif callable(getattr(user_ns.get(name), "load_state_dict", None)):
-            user_ns[name].load_state_dict(value.state)
-        else:
-            user_ns[name] = value.state
-            print(f"phalanx: --return {name}: the sharded model was built in the cell, so the "
-                  f"notebook gets its full state dict (load it with model.load_state_dict({name}))",
-                  file=sys.stderr)
 
 
 def _engine_set(slots: list) -> tuple[str, ...]:

@@ -33,6 +33,7 @@ from ._seam import CELL_FILENAME, Outcome, RankResult, RunSpec
 from ._state import RunContext, engine_state
 from ._threads import share_cores
 from ._torchrun_world import torchrun_world
+from ._unreturned import unreturned_names
 
 log = logging.getLogger("phalanx")
 
@@ -77,7 +78,6 @@ def _run_cell(spec: RunSpec, shard_blobs: dict[str, bytes] | None, gate: Interru
     started = time.time()
     state = engine_state()
     run = None
-    hooks = None
     profiler = None
     namespace = None
     main = sent = None
@@ -100,7 +100,7 @@ def _run_cell(spec: RunSpec, shard_blobs: dict[str, bytes] | None, gate: Interru
         state.run = run
         _seed(spec.train.seed, spec.rank)
         namespace.update(rank=spec.rank, world_size=spec.world_size, device=run.device)
-        hooks = _install_hooks(run, namespace, spec.train.shard)
+        _install_hooks(run, namespace, spec.train.shard)
         code = _compile(spec.body)
         profiler = _start_profiler(spec.train.profile, run.device)
         with torchrun_world(spec, group):
@@ -109,10 +109,9 @@ def _run_cell(spec: RunSpec, shard_blobs: dict[str, bytes] | None, gate: Interru
         for strategy, params_fn in run.tracked:
             strategy.finish(params_fn())
         check_run_agreement(run, "at the end of the run")
-        unreturned = _unreturned(run, spec, shipped, namespace) if spec.rank == 0 else ()
+        unreturned = unreturned_names(run, spec, shipped, namespace) if spec.rank == 0 else ()
         gate.close()  # no collective is left: an interrupt now could only lose the result
-        _cleanup(run, hooks)
-        hooks = None
+        _cleanup(run)
         kept = keep(state, spec.train.keep, namespace)
         return RankResult(Outcome.OK, kept=kept, steps=run.progress, wall_s=time.time() - started,
                           returns=returned(spec, namespace, sent),
@@ -148,8 +147,7 @@ def _run_cell(spec: RunSpec, shard_blobs: dict[str, bytes] | None, gate: Interru
         _shielded(as_main.close)
         if profiler is not None:
             _shielded(profiler.stop)
-        if hooks is not None or run is not None:
-            _shielded(_cleanup, run, hooks)
+        _shielded(_cleanup, run)
         if run is not None and run.metrics is not None:
             _shielded(run.metrics.close)
         state.run = None
@@ -160,20 +158,8 @@ def _run_cell(spec: RunSpec, shard_blobs: dict[str, bytes] | None, gate: Interru
         if run is not None:
             run.namespace, run.tracked, run.strategies, run.grad_sync = {}, [], {}, None
             run.watch = None
-        run = hooks = profiler = namespace = main = sent = None
+        run = profiler = namespace = main = sent = None
         _shielded(collect_cuda_garbage)
-
-
-def _unreturned(run: RunContext, spec: RunSpec, shipped: dict[str, Any],
-                namespace: dict) -> tuple[str, ...]:
-    """The notebook's objects this run trained that ``--return`` does not bring back (one
-    returned under another name, ``net = model``, comes back: the kernel applies it in place)."""
-    from ._unreturned import trained_ids, trained_not_returned
-
-    returns = spec.train.returns
-    by_value = {id(namespace[r]) for r in returns if r in namespace}
-    candidates = {n: v for n, v in shipped.items() if id(v) not in by_value}
-    return trained_not_returned(candidates, returns, trained_ids(run), run.strategies)
 
 
 def _progress(run: RunContext | None) -> dict[str, Any]:
@@ -344,7 +330,7 @@ def _seed(seed: int | None, rank: int) -> None:
     torch.manual_seed(seed + rank)
 
 
-def _install_hooks(run: RunContext, namespace: dict, shard: tuple[str, ...]) -> Any:
+def _install_hooks(run: RunContext, namespace: dict, shard: tuple[str, ...]) -> None:
     from ._double_split import watch_double_split
     from ._estimators import install_estimator_sync, patch_namespace_estimators
     from ._framework_logs import watch_framework_logs
@@ -365,7 +351,6 @@ def _install_hooks(run: RunContext, namespace: dict, shard: tuple[str, ...]) -> 
     run.patches.on_undo(watch_xgboost(run), "XGBoost's world")
     run.patches.on_undo(watch_lightgbm(run), "LightGBM's world")
     run.patches.on_undo(release_derived_classes, "torch's derived FSDP classes")
-    return hooks
 
 
 def _start_profiler(steps: int | None, device: Any) -> Any:
@@ -374,9 +359,10 @@ def _start_profiler(steps: int | None, device: Any) -> Any:
     return start_profiler(steps, device)
 
 
-def _cleanup(run: RunContext | None, hooks: Any) -> None:
-    """Take back what the run changed in other libraries (``hooks`` is in ``run.patches``).  An
-    undo that failed is said in the cell: the engine may act differently until restarted."""
+def _cleanup(run: RunContext | None) -> None:
+    """Take back what the run changed in other libraries (its hooks too: all in
+    ``run.patches``).  An undo that failed is said in the cell: the engine may act differently
+    until restarted."""
     if run is None:
         return
     for failure in run.patches.undo_all():

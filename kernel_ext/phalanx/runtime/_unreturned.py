@@ -15,10 +15,30 @@ Example (on rank 0, at the end of a run)::
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Any, Iterable, Mapping
 
+from ._seam import RunSpec
 from ._state import RunContext
+
+log = logging.getLogger("phalanx")
+
+
+def unreturned_names(run: RunContext, spec: RunSpec, shipped: Mapping[str, Any],
+                     namespace: Mapping[str, Any]) -> tuple[str, ...]:
+    """The notebook's objects (``shipped``: name -> what the notebook sent) this run trained
+    that ``--return`` does not bring back.  One returned under another name (``net = model``)
+    comes back: the kernel applies it in place.  Only a notice: a failure here never fails
+    the run."""
+    try:
+        returns = spec.train.returns
+        by_value = {id(namespace[r]) for r in returns if r in namespace}
+        candidates = {n: v for n, v in shipped.items() if id(v) not in by_value}
+        return trained_not_returned(candidates, returns, trained_ids(run), run.strategies)
+    except Exception as exc:  # noqa: BLE001 - the run's result matters more than the notice
+        log.warning("phalanx: could not tell what trained without --return: %s", exc)
+        return ()
 
 
 def trained_ids(run: RunContext) -> set[int]:
