@@ -15,6 +15,7 @@ from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
+from ._debug_magic import register_debug
 from ._session import session_for_shell
 from ._usage import parse_line, unknown_word
 from .cluster import ClusterError, GpuSpecError, LaunchOptions
@@ -278,6 +279,7 @@ def register(ipython: Any) -> None:
     :class:`~phalanx._session.EngineStatus` answers as the engine table there, so
     ``session.status()`` at the end of a cell looks like ``%cluster status``."""
     ipython.register_magics(PhalanxMagics)
+    register_debug(ipython)  # %debug after a failed run opens the failing rank's frames
     formatters = getattr(getattr(ipython, "display_formatter", None), "formatters", {})
     if "text/html" in formatters and "text/plain" in formatters:
         formatters["text/html"].for_type_by_name("phalanx._session", "EngineStatus",

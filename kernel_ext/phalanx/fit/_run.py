@@ -35,6 +35,7 @@ from ._export_live import open_live
 from ._kept import KeptNames
 from ._manifest import build_manifest, check_versions, engine_versions
 from ._options import FitOptions, FitUsageError
+from ._post_mortem import attach_post_mortem
 from ._profile import ProfileReport
 from ._recovery import Job, Recovery
 from ._record import RunRecord
@@ -215,6 +216,8 @@ class FitRunner:
                     final.args = (final.args[0] + _what_came_back(status, results,
                                                                   job.opts.train.returns),
                                   *final.args[1:])
+                if status == "failed":  # a rank that raised keeps its frames for %debug
+                    attach_post_mortem(final, job.run_id, slots, results)
                 raise final
             restarts += 1
             slots = self.recovery.restart(job, slots, results, error, restarts)

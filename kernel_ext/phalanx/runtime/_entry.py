@@ -24,6 +24,7 @@ from ._agreement import check_run_agreement
 from ._hooks import finish_uneven
 from ._interrupts import InterruptGate
 from ._memory import collect_cuda_garbage
+from ._post_mortem import forget_failure, keep_failure
 from ._resume import StopForResize, make_checkpointer
 from ._fit_mode import mode_for
 from ._kept import keep, put_kept
@@ -63,6 +64,7 @@ def run_cell(spec: RunSpec, shard_blobs: dict[str, bytes] | None,
     one arriving once this rank is on its way back is dropped, so the result always gets back."""
     if stash is not None:
         stash_objects(*stash)
+    forget_failure()  # the last failure's frames (%debug) hold its objects: they go now
     gate = InterruptGate()
     gate.install_open()
     try:
@@ -135,6 +137,7 @@ def _run_cell(spec: RunSpec, shard_blobs: dict[str, bytes] | None, gate: Interru
                              # stalled peer
                              ranks=tuple(int(r) for r in getattr(exc, "ranks", None) or ()),
                              memory=_memory_now(), **_progress(run))
+        failure = replace(failure, debuggable=_kept_for_debug(spec, exc))
         _shielded(_poison_group, state, exc)
         _shielded(end_children_since, started)  # nothing will wait for what the cell started
         if namespace is not None and (outcome is Outcome.INTERRUPTED or released_by_a_stop(exc)):
@@ -178,6 +181,16 @@ def _memory_now() -> dict | None:
         return memory_sample()
     except Exception:
         return None
+
+
+def _kept_for_debug(spec: RunSpec, exc: BaseException) -> bool:
+    """Keep the failure's frames for ``%debug``; a failure to keep them never hides the
+    run's own error."""
+    try:
+        return keep_failure(spec.run_id, spec.rank, exc)
+    except Exception as error:
+        log.warning("phalanx: keeping the failure's frames for %%debug failed: %r", error)
+        return False
 
 
 def _shielded(fn: Any, *args: Any) -> None:

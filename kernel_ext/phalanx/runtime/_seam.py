@@ -132,6 +132,7 @@ class RankResult:
                                        # state at the end, as its fit mode counts them
     profile: dict | None = None        # the ``--profile`` trace of this rank
     trained_not_returned: tuple[str, ...] = ()  # rank 0: notebook names trained, not returned
+    debuggable: bool = False           # its engine keeps the failure's frames for %debug
     # Kernel-made details of a rank that could not answer for itself.
     exit_code: int | None = None       # of a dead engine
     grace_s: float | None = None       # how long an unresponsive rank was given

@@ -70,6 +70,7 @@ class EngineState:
         self.run: RunContext | None = None
         self.commits = CommitStore()    # in-memory checkpoints (survive between cells)
         self.kept: dict[str, Any] = {}  # --keep: live objects the next cells find (see _kept)
+        self.post_mortem: Any = None    # the last failure's frames, for %debug (_post_mortem)
 
 
 _STATE: EngineState | None = None
