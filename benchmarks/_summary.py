@@ -20,6 +20,7 @@ SECTIONS = [
     ("inside", "bench_inside.py"),
     ("guard", "bench_guard.py"),
     ("live", "bench_live.py"),
+    ("first_line", "bench_first_line.py"),
     ("step_parts", "bench_step_parts.py"),
     ("frameworks", "bench_frameworks.py"),
     ("sharded", "bench_sharded.py"),

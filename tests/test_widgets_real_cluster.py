@@ -253,8 +253,15 @@ def test_views_in_a_real_kernel_leave_a_summary_that_needs_none():
     run = outputs[2]
     assert not [o for o in run if o["output_type"] == "error"]
     assert not [o for o in run if o.get("name") == "stderr" and "Traceback" in o["text"]]
-    assert any(widget in o.get("data", {}) for o in run)                        # live view
+    # The live view was drawn in the run's first line and the summary took its place: the
+    # saved cell holds nothing a reopened page could not draw ("model not found").
+    assert not any(widget in o.get("data", {}) for o in run), run
+    assert not any("phalanx-status" in str(o.get("data", {})) for o in run), run
     [summary] = [o for o in run if "phalanx" in o.get("metadata", {})]
+    assert run.index(summary) == 0, "the summary sits where the cell's first line was"
+    started = outputs[0]                              # the start's line became the engine table
+    assert not any("phalanx-status" in str(o.get("data", {})) for o in started), started
+    assert any("idle" in str(o.get("data", {}).get("text/html", "")) for o in started), started
     page = summary["data"]["text/html"]
     assert "data:image/svg+xml;base64," in page and "nb-run" in page
     assert summary["metadata"]["phalanx"]["manifest"]["world_size"] == 2

@@ -123,11 +123,12 @@ class PhalanxMagics(Magics):
                 return
             options = LaunchOptions(ip=args.ip, hosts=args.hosts, submit_args=args.submit_args,
                                     encrypt=not args.no_encryption, profile=args.profile)
-            _display(_table(session.start_cluster(n=args.n, gpus=args.gpus, launcher=args.launcher,
-                                                  profile=args.profile, timeout=args.timeout,
-                                                  options=options)))
+            self._changing_engines("%cluster start", lambda: session.start_cluster(
+                n=args.n, gpus=args.gpus, launcher=args.launcher, profile=args.profile,
+                timeout=args.timeout, options=options))
         elif action == "scale":
-            _display(_table(session.scale(_whole_number(args.value, "%cluster scale N"))))
+            n = _whole_number(args.value, "%cluster scale N")
+            self._changing_engines(f"%cluster scale {n}", lambda: session.scale(n))
         elif action == "restart":
             rank = None if args.value is None else _whole_number(args.value, "%cluster restart RANK", 0)
             _display(_table(session.restart(rank)))
@@ -136,6 +137,21 @@ class PhalanxMagics(Magics):
             if session.cluster.still_exiting:  # a host that could not be reached
                 print("these engine processes could not be checked or ended; they exit by "
                       "themselves without the controller: " + "; ".join(session.cluster.still_exiting))
+
+    def _changing_engines(self, what: str, change: Any) -> None:
+        """Run ``change`` (a start or scale) under a line saying how it goes, then show the
+        engine table in the line's place."""
+        from .widgets._cluster_progress import follow_change, show_result
+
+        line = _first_line(self.ipython, True, f"{what}: …")
+        follow_change(line, what, self.session.engines_starting)
+        try:
+            table = _table(change())
+        except BaseException:  # the error is the cell's output
+            if line is not None:
+                line.clear()
+            raise
+        show_result(line, table, _display)
 
     @magic_arguments()
     @argument("target", nargs="?", default=None, help="(line form) a learning-network node to fit")
@@ -230,9 +246,10 @@ class PhalanxMagics(Magics):
         return None
 
     def _fit(self, cell: str, opts: FitOptions, started: Any = None) -> Any:
+        line = _first_line(self.ipython, opts.widget, FIT_FIRST_LINE)  # before any view loads
         from .widgets import RunDisplay  # bokeh and ipywidgets: loaded on the first run, not at %load_ext
 
-        shown = RunDisplay(self.session, self.ipython, widget=opts.widget, body=cell)
+        shown = RunDisplay(self.session, self.ipython, widget=opts.widget, body=cell, line=line)
 
         def on_start(tracker: Any, name: str) -> None:
             shown.start(tracker, name)
@@ -242,9 +259,7 @@ class PhalanxMagics(Magics):
         try:
             record = self.session.distributed_fit(cell, opts, self.ipython.user_ns, on_start=on_start)
         finally:  # a failed or interrupted run keeps its summary too
-            summary = shown.finish()
-            if summary is not None:
-                _display(summary, metadata=summary.metadata)  # {"phalanx": {"manifest": ...}}
+            shown.show_summary(shown.finish())  # metadata {"phalanx": {"manifest": ...}}
         if record.profile is not None:
             _display(record.profile)
         return record
@@ -262,6 +277,20 @@ class PhalanxMagics(Magics):
             return self.session.fit_network(node)
         except _USER_ERRORS as exc:
             raise UsageError(str(exc)) from None
+
+
+FIT_FIRST_LINE = "starting: packing what the cell uses from the notebook for the engines…"
+
+
+def _first_line(shell: Any, widget: bool, text: str) -> Any:
+    """The cell's first line, shown at once where a Jupyter frontend draws it (a
+    :class:`~phalanx.widgets._status_line.StatusLine`); None in a terminal or with
+    ``--no-widget``, whose text progress is its own first line."""
+    if not widget or type(shell).__name__ != "ZMQInteractiveShell":
+        return None
+    from .widgets._status_line import StatusLine  # IPython's display alone: nothing heavy
+
+    return StatusLine.show(text)
 
 
 def _whole_number(value: str | None, usage: str, minimum: int = 1) -> int:

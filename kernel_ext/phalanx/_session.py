@@ -96,6 +96,10 @@ class Session(RunHistoryQueries):
         """The most engines this cluster may have."""
         return self.cluster.max_engines
 
+    def engines_starting(self) -> tuple[int, int]:
+        """How far a start or scale under way is: (engines answered, engines launched)."""
+        return self.cluster.engines_starting()
+
     @property
     def last_record(self) -> RunRecord | None:
         """The record of the last ``%%distributed_fit`` run, None before the first one

@@ -237,6 +237,13 @@ class ClusterManager:
 
     # --- scaling, restarts, engines started elsewhere -----------------------------------------
 
+    def engines_starting(self) -> tuple[int, int]:
+        """Of the engines a start or scale under way launched: (answered, launched); (0, 0)
+        before any is launched (the controller is starting).  Read from any thread."""
+        with self.state.lock:
+            new = [s for s in self.state.slots.values() if s.state == "starting"]
+        return sum(s.engine_id is not None for s in new), len(new)
+
     def scale(self, n: int) -> list[EngineSlot]:
         """Grow or shrink to ``n`` engines; shrinking stops the highest ranks."""
         state = self.state

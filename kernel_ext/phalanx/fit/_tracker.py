@@ -50,6 +50,9 @@ class RunTracker:
         self.parts_series = PartsSeries()  # the step parts through the run, at bounded size
         self.steps = {r: 0 for r in range(world_size)}
         self.final: set[int] = set()
+        # Ranks whose first batch arrived: their metric sender is up, so they have their group
+        # and run the cell (the views say which ones a run still waits for).
+        self.heard: set[int] = set()
         self._batches = 0  # batches arrived: wait_final's "still coming" signal
         self.warnings: list[str] = []
         self.started = time.time()
@@ -85,6 +88,7 @@ class RunTracker:
                 self.parts_series.add(rank, int(message.get("step", 0)), time.time(),
                                       message["timing"]["parts"])
         with self._lock:
+            self.heard.add(rank)
             self.steps[rank] = max(self.steps.get(rank, 0), int(message.get("step", 0)))
             if self._first_step_at is None and self.steps[rank] > 0:
                 self._first_step_at = _now()
@@ -107,6 +111,7 @@ class RunTracker:
             self.steps = {r: step for r in range(world_size)}
             self._meters = {r: RateMeter() for r in range(world_size)}
             self.final.clear()
+            self.heard.clear()
 
     def wait_final(self, ranks: list[int], timeout: float) -> bool:
         """Wait until the final batch of each of ``ranks`` has arrived.
@@ -132,13 +137,15 @@ class RunTracker:
             steps = dict(self.steps)
             rates = {r: m.rate() for r, m in self._meters.items()}
             first = self._first_step_at
+            heard = set(self.heard)
             if self.total_steps is not None and max(steps.values(), default=0) > self.total_steps:
                 self.total_exceeded = True
             total = None if self.total_exceeded else self.total_steps
         lagging = stragglers(steps, None if first is None else _now() - first)
         return [{"rank": r, "step": s, "total": total, "steps_per_s": rates.get(r),
                  "eta_s": eta_seconds(s, total, rates.get(r)),
-                 "metrics": self.history.latest(r), "straggler": r in lagging}
+                 "metrics": self.history.latest(r), "straggler": r in lagging,
+                 "started": r in heard}
                 for r, s in sorted(steps.items())]
 
     def publish(self) -> int:

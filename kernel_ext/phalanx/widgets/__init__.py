@@ -9,12 +9,23 @@ Example::
     panel = cluster_view(session)               # what %cluster with no arguments shows
 """
 
-from ._cluster import ClusterWidget, cluster_view
-from ._cluster_table import ClusterStatus
-from ._display import RunDisplay
-from ._frontend import widgets_available
-from ._summary import RunSummary
-from ._text import TextProgress
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# Each name is loaded from its module on first use: a cell's first line (``_status_line``)
+# must reach the page before ipywidgets and the views are imported.
+_HOMES = {"RunDisplay": "_display", "RunSummary": "_summary", "TextProgress": "_text",
+          "ClusterWidget": "_cluster", "ClusterStatus": "_cluster_table",
+          "cluster_view": "_cluster", "widgets_available": "_frontend"}
 
 __all__ = ["RunDisplay", "RunSummary", "TextProgress", "ClusterWidget", "ClusterStatus", "cluster_view",
            "widgets_available"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)

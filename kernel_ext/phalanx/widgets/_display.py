@@ -10,21 +10,24 @@ itself.  A cell whose last run in this kernel was over within ``LIVE_AFTER_S`` s
 once its run has trained that long (its events so far are replayed to them); a re-run that is
 over sooner shows its summary alone, which holds what the finished view would have shown.
 
-Both the view and the summary are kept: the summary's picture is what GitHub, nbviewer and a
-notebook reopened without its kernel show (the widget then cannot be drawn, and JupyterLab falls
-back to its plain text, not to HTML).  Where the view's plot does draw, it hides the picture of
-its own run with a style inside the widget (``RunView``, ``summary_curves_class``), so a live
-frontend shows the curves once and every other reader still gets them.
+In a Jupyter frontend the magic shows the cell's first line before this module is imported
+(a :class:`~._status_line.StatusLine`); the view is then shown in the line's place and, when
+the run ends, the summary in the view's: the saved notebook keeps the summary alone, which
+GitHub, nbviewer and a notebook reopened without its kernel show (a widget left there reads
+"Error displaying widget: model not found").  Without a line (a test's shell) the view and the
+summary are both displayed, and the view's plot hides the summary's picture of its own run
+with a style inside the widget (``RunView``, ``summary_curves_class``).
+
+The plot is built after the view is on the page, in the run's wait loop, with BokehJS sent to
+the page just before it: the first line and the bars never wait for bokeh.
 
 Example::
 
-    shown = RunDisplay(session, shell, widget=opts.widget, body=cell)
+    shown = RunDisplay(session, shell, widget=opts.widget, body=cell, line=line)
     try:
         session.distributed_fit(body, opts, user_ns, on_start=shown.start)
     finally:
-        summary = shown.finish()
-        if summary is not None:
-            display(summary, metadata=summary.metadata)
+        shown.show_summary(shown.finish())
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import threading
 from typing import Any, Callable
 
 from . import _frontend
+from ._bokehjs import load_bokehjs
 from ._run_view import PLOT_AFTER_S, calls_log
 from ._summary import RunSummary
 from ._text import TextProgress
@@ -56,9 +60,14 @@ class RunDisplay:
     """Live view or text progress of one run, then its summary."""
 
     def __init__(self, session: Any, shell: Any = None, widget: bool = True,
-                 show: Callable[[Any], None] | None = None, body: str | None = None) -> None:
+                 show: Callable[[Any], None] | None = None, body: str | None = None,
+                 line: Any = None) -> None:
         self.session, self.shell = session, shell
         self.live = bool(widget) and _frontend.widgets_available(shell)
+        # The cell's first line (a StatusLine shown before this was imported): the live view
+        # takes its place, then the summary takes the view's, so a saved notebook holds the
+        # summary alone and no widget a reopened page cannot draw.
+        self.line = line
         # The metric plot is built before the run only for a cell that calls log() and whose
         # last run (in this kernel) was not over within seconds; otherwise during the run, once
         # it has trained a while (see RunView).  Re-running a quick cell then costs no plot.
@@ -91,15 +100,15 @@ class RunDisplay:
         view: Any
         try:
             if self.live:
-                from ._bokehjs import load_bokehjs
                 from ._run_view import RunView
 
                 view = RunView.for_tracker(
                     tracker, name, on_stop=lambda: self.session.stop_run("Stop under the cell"),
-                    plot_ahead=self.plot_ahead,
-                    build_with=getattr(self.session, "call_in_wait_loop", None))
-                self._loader = load_bokehjs(self.shell)
-                self._show(view)
+                    plot_ahead=self.plot_ahead, build_with=self._build_plot_with)
+                if self.line is not None:
+                    self.line.replace_with(view)
+                else:
+                    self._show(view)
             else:
                 view = TextProgress(tracker.run_id, name)
         except Exception:  # a view that cannot be built must not stop the training
@@ -109,6 +118,39 @@ class RunDisplay:
             for event in self._early:
                 view.handle(event)
             self._early, self.view = [], view
+
+    def _build_plot_with(self, build: Callable[[], None]) -> None:
+        """How the view's plot is built: after the bars are on the page, on the cell's own
+        thread (the run's wait loop), with BokehJS sent to the page first (8 MB the browser
+        takes seconds to evaluate: never before the first line and the bars)."""
+        def load_then_build() -> None:
+            self._loader = self._loader or load_bokehjs(self.shell)
+            build()
+
+        later = getattr(self.session, "call_in_wait_loop", None)
+        if later is None:
+            load_then_build()
+        else:
+            later(load_then_build)
+
+    def show_summary(self, summary: RunSummary | None) -> None:
+        """Show the run's summary where its live view (or first line) was, else below."""
+        if self.line is None:
+            if summary is not None:
+                self._show_with(summary, summary.metadata)
+            return
+        if summary is not None:
+            self.line.replace_with(summary, metadata=summary.metadata)
+        else:  # the run never started (a refused cell): its error says it all
+            self.line.clear()
+
+    def _show_with(self, obj: Any, metadata: dict) -> None:
+        if self._show is _display:
+            from IPython.display import display
+
+            display(obj, metadata=metadata)
+        else:
+            self._show(obj)
 
     def _route(self, event: Any) -> None:
         """Bus subscriber: to the view, or kept until it exists."""

@@ -11,16 +11,14 @@ Example::
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 
 def widgets_available(shell: Any) -> bool:
-    """True in a Jupyter kernel with ipywidgets and jupyter_bokeh importable."""
+    """True in a Jupyter kernel with ipywidgets and jupyter_bokeh installed."""
     if shell is None or type(shell).__name__ != "ZMQInteractiveShell":
         return False
-    try:
-        import ipywidgets  # noqa: F401
-        import jupyter_bokeh  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    # Found, not imported: jupyter_bokeh imports bokeh (about a second), which the run's
+    # first line and bars must not wait for; the plot imports it later.
+    return all(importlib.util.find_spec(name) is not None for name in ("ipywidgets", "jupyter_bokeh"))

@@ -92,7 +92,10 @@ class RunView:
         # Not built ahead (a cell that calls no log(), or one whose last run was short), it is
         # built once metrics arrive and the run has trained PLOT_AFTER_S; until then, and for a
         # run that ends sooner, a one-line placeholder stands in its place.
-        self.plot: LivePlot | None = LivePlot(world_size) if plot_ahead else None
+        # Built here only where there is no wait loop to build it in (tests, a bare session):
+        # a view's bars must reach the page before bokeh is even imported.
+        self.plot: LivePlot | None = LivePlot(world_size) if plot_ahead and build_with is None \
+            else None
         self._over = False  # the run has ended: a plot not built by now never is
         # Where that build runs: ``build_with(task)`` hands it to the run's wait loop, on the
         # cell's own thread and context like every other widget of the cell; events arrive on
@@ -116,6 +119,9 @@ class RunView:
         self._counted = clock()  # when the counters were last shown
         self._lock = threading.Lock()
         self._show_header()
+        if plot_ahead and build_with is not None:  # right after the view is on the page
+            self._build_asked = True
+            build_with(self._build_plot_locked)
 
     @classmethod
     def for_tracker(cls, tracker: Any, name: str, on_stop: Callable[[], Any] | None = None,
@@ -236,7 +242,11 @@ class RunView:
         if self.plot is not None or self._over:
             return
         started = time.thread_time()
-        self.plot = LivePlot(self.world_size)
+        self._place_plot(LivePlot(self.world_size), started)
+
+    def _place_plot(self, plot: LivePlot, started: float) -> None:
+        """Put a built plot in the placeholder's place with every point so far (lock held)."""
+        self.plot = plot
         children = list(self.widget.children)
         children[children.index(self._placeholder)] = self.plot.model
         self.widget.children = tuple(children)
@@ -245,8 +255,15 @@ class RunView:
         self.build_cpu_s += time.thread_time() - started
 
     def _build_plot_locked(self) -> None:
+        # bokeh's import and the figures (a second or more on a busy machine) outside the
+        # lock: the publisher thread keeps the header and the bars going meanwhile.
+        if self.plot is not None or self._over:
+            return
+        started = time.thread_time()
+        plot = LivePlot(self.world_size)
         with self._lock:
-            self._build_plot()
+            if self.plot is None and not self._over:
+                self._place_plot(plot, started)
 
     def _apply(self, chart: bool = True) -> None:
         events, self._inbox = self._inbox, []
@@ -291,6 +308,9 @@ class RunView:
             else fmt_duration(self._clock() - self._started)
         parts = [f"<b>{html.escape(self.name)}</b>", html.escape(self._status), elapsed,
                  f"{self.world_size} rank(s)"]
+        phase = self._phase()
+        if phase is not None:
+            parts.append(f"<i>{html.escape(phase)}</i>")
         if any(int(r["step"]) > 0 for r in self._ranks):  # no "0 steps · – steps/s" before
             o = overall(list(self._ranks))
             parts.append(fmt_rate(o["steps_per_s"]) + " per rank")
@@ -305,6 +325,18 @@ class RunView:
         hide = (f"<style>.{summary_curves_class(self.run_id)}{{display:none}}</style>"
                 if self._summary_drawn else "")
         self.header.value = DOT.join(parts) + hide
+
+    def _phase(self) -> str | None:
+        """What the run does before its first step, when the bars do not show yet (ranks
+        are "started" once their first batch reached the kernel: they have their group)."""
+        if self._status != "running" or any(int(r["step"]) > 0 for r in self._ranks):
+            return None
+        if not self._ranks:
+            return f"sending the cell to {self.world_size} rank(s)…"
+        waiting = [str(r["rank"]) for r in self._ranks if not r.get("started")]
+        if waiting:
+            return f"waiting for rank{'s' * (len(waiting) > 1)} {', '.join(waiting)} to start"
+        return "every rank started: first step…"
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict:
         bundle = self.widget._repr_mimebundle_(**kwargs) or {}
