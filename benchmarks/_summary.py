@@ -12,6 +12,7 @@ SECTIONS = [
     ("latency", "bench_latency.py"),
     ("allreduce", "bench_allreduce.py"),
     ("throughput", "bench_throughput.py"),
+    ("step_cost", "bench_step_cost.py"),
     ("metrics", "bench_metrics.py"),
     ("trackers", "bench_trackers.py"),
     ("history", "bench_history.py"),
@@ -343,9 +344,40 @@ def _history(d: dict) -> list[dict]:
     return rows
 
 
+_STEP_COST_ROWS = [  # (ratio key, what it compares, target: None where only reported)
+    ("run_vs_engine_1", "1 worker: the loop in a run vs the same loop in the engine", 0.97),
+    ("wrap_run_vs_engine_ddp_2", "2 workers: wrap() in a run vs the same DDP loop in the engines",
+     0.97),
+    ("engine_vs_plain_1", "1 worker: the loop in the engine vs in the benchmark's process", None),
+]
+
+
+def _step_cost(d: dict) -> list[dict]:
+    """Per-step CPU time ratios (fastest block of each place; paired median and wall clock
+    beside), then the run's per-step microseconds by component."""
+    rows = []
+    for key, what, target in _STEP_COST_ROWS:
+        r = d["ratios"][key]
+        cpu, wall, ins = r["process_us"], r["wall_us"], r.get("instructions")
+        detail = (f"paired median {cpu['paired_median']:.3f}; wall clock fastest "
+                  f"{wall['fastest']:.3f}, paired median {wall['paired_median']:.3f}; "
+                  + (f"instructions {ins['fastest']:.3f}" if ins else "instructions: no counter here"))
+        rows.append(_row("step_cost", f"{what}, CPU time per step", cpu["fastest"],
+                         f">= {target}x" if target else "reported",
+                         cpu["fastest"] >= target if target else None, detail))
+    for kind, c in d["components"].items():
+        parts = ", ".join(f"{name} {v['us']:.1f}" for name, v in c["components"].items())
+        total = sum(v["us"] for v in c["components"].values())
+        rows.append(_row("step_cost", f"{kind}: the run's per-step CPU by component (us, metered)",
+                         total, "reported", None,
+                         f"{parts}; the meter's own {c['meter_us_per_step']:.1f} us included; "
+                         f"step {c['process_us']:.0f} us"))
+    return rows
+
+
 _SUMMARIZERS = {"history": _history, "metrics": _metrics, "latency": _latency, "throughput": _throughput, "cluster_start": _start,
                 "allreduce": _allreduce, "network": _network, "frameworks": _frameworks,
-                "sharded": _sharded, "boosting": _boosting}
+                "sharded": _sharded, "boosting": _boosting, "step_cost": _step_cost}
 
 
 def summarize(sections: dict[str, dict]) -> list[dict]:

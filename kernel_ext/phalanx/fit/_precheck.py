@@ -18,6 +18,7 @@ Example::
 from __future__ import annotations
 
 import ast
+import functools
 from typing import Any, Iterable, Mapping
 
 from ._dispatch import INJECTED
@@ -77,6 +78,7 @@ def check_returns(body: str, returns: Iterable[str], user_ns: Mapping[str, Any],
                 f"define it, so {what}", meant))
 
 
+@functools.lru_cache(maxsize=64)
 def _star_import(body: str) -> bool:
     return any(isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names)
                for node in ast.walk(ast.parse(body)))

@@ -84,6 +84,10 @@ class TrainingWatch:
         self._synced_at_forward = False  # a module's forward synced something since the last pass
 
     def install(self) -> None:
+        if self.run.world_size == 1:
+            # One rank has no peer to sync with or to differ from: no hook in its steps (the
+            # backward patch alone was two Python calls in every step's backward)
+            return
         import torch
         from torch.nn.modules.module import register_module_parameter_registration_hook
 
