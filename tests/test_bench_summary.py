@@ -99,3 +99,26 @@ def test_a_frameworks_ratio_is_judged_by_its_interval_and_one_inside_the_noise_i
     section["frameworks"]["lightning"]["magic_vs_torchrun"] = below
     rows = {r["name"]: r for r in summarize({"frameworks": section})}
     assert rows["Lightning, 2 engines vs torchrun: steps/s"]["met"] is False
+
+
+def _cost(process: float, wall: float) -> dict:
+    return {"process_us": {"fastest": process, "paired_median": process - 0.01},
+            "wall_us": {"fastest": wall, "paired_median": wall}, "instructions": None}
+
+
+def test_the_step_cost_rows_judge_cpu_time_and_say_the_wall_clock_and_components_beside():
+    section = {"ratios": {"run_vs_engine_1": _cost(0.98, 0.85),
+                          "wrap_run_vs_engine_ddp_2": _cost(0.95, 1.02),
+                          "engine_vs_plain_1": _cost(1.01, 0.99)},
+               "components": {"1 worker": {
+                   "components": {"optimizer step hooks": {"us": 4.0, "calls": 2.0},
+                                  "guard": {"us": 0.5, "calls": 1.0}},
+                   "meter_us_per_step": 1.5, "process_us": 700.0}}}
+    rows = summarize({"step_cost": section})
+    assert [(r["value"], r["target"], r["met"]) for r in rows] == [
+        (0.98, ">= 0.97x", True), (0.95, ">= 0.97x", False), (1.01, "reported", None),
+        (4.5, "reported", None)]
+    assert rows[0]["detail"] == ("paired median 0.970; wall clock fastest 0.850, paired median "
+                                 "0.850; instructions: no counter here")
+    assert rows[3]["detail"] == ("optimizer step hooks 4.0, guard 0.5; the meter's own 1.5 us "
+                                 "included; step 700 us")
