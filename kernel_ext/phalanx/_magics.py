@@ -25,7 +25,7 @@ from .fit._shipping import UndefinedNameError, notebook_names
 from .fit._suggest import did_you_mean, joined
 from .runtime import _options as T  # every training flag's default and choices
 
-CLUSTER_ACTIONS = ("start", "scale", "stop", "status", "restart", "forget")
+CLUSTER_ACTIONS = ("start", "scale", "stop", "status", "restart", "forget", "stacks")
 
 # Errors that mean "this request cannot be done as asked": shown as one clear line (IPython
 # shows a UsageError without a traceback; phalanx's frames would only bury the message).
@@ -62,8 +62,8 @@ class PhalanxMagics(Magics):
 
     @magic_arguments()
     @argument("action", nargs="?", default=None,
-              help="start | scale N | stop | status | restart [RANK] | forget [NAMES]; none "
-                   "shows the cluster")
+              help="start | scale N | stop | status | restart [RANK] | forget [NAMES] | "
+                   "stacks; none shows the cluster")
     @argument("value", nargs="?", default=None,
               help="engine count for scale, rank for restart, names for forget (a,b)")
     @argument("-n", type=int, default=None, help="engines to start (default: one per GPU, else 2)")
@@ -86,7 +86,7 @@ class PhalanxMagics(Magics):
         if action is not None and action not in CLUSTER_ACTIONS:
             raise UsageError(unknown_word("%cluster action", action, CLUSTER_ACTIONS)
                              + " (%cluster? shows every flag)")
-        if action in ("start", "stop", "status") and args.value is not None:
+        if action in ("start", "stop", "status", "stacks") and args.value is not None:
             raise UsageError(f"%cluster {action} takes no {args.value!r}"
                              + (f": the engine count is a flag, %cluster start -n {args.value}"
                                 if action == "start" else ""))
@@ -110,6 +110,8 @@ class PhalanxMagics(Magics):
             if tasks:
                 print(f"dask: {tasks} task(s) running on the engines (learning networks, "
                       "phalanx.dask_client())")
+        elif action == "stacks":
+            print(session.stacks())
         elif action == "forget":
             names = None if args.value is None else [n.strip() for n in args.value.split(",")]
             gone = session.forget(names)

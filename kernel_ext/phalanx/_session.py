@@ -209,6 +209,16 @@ class Session(RunHistoryQueries):
                     for part in ("parameters", "gradients", "optimizer_state"))
         return EngineStatus(rows, self.cluster.launcher)
 
+    def stacks(self) -> str:
+        """Every rank's Python stack at this moment (``%cluster stacks``), with the collective
+        it waits in and for how long; answered within 2 s, during a run too, stopping nothing."""
+        from .fit._stacks import ask_stacks, describe_stacks
+
+        if not self.cluster.running:
+            raise ClusterError("no cluster is running: start one with %cluster start -n 2")
+        slots = self.cluster.slots()
+        return describe_stacks(slots, ask_stacks(self.cluster, slots, self.fits.active is not None))
+
     def stop_run(self, reason: str = "stop requested") -> bool:
         """Stop the running run at its next poll (any thread); False when none runs."""
         if self.fits.active is None:

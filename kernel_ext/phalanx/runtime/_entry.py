@@ -31,6 +31,7 @@ from ._kept import keep, put_kept
 from ._returns import released_by_a_stop, returned, returned_so_far
 from ._run_children import end_children_since
 from ._seam import CELL_FILENAME, Outcome, RankResult, RunSpec
+from ._stacks import install_stacks_handler
 from ._state import RunContext, engine_state
 from ._threads import share_cores
 from ._torchrun_world import torchrun_world
@@ -65,6 +66,7 @@ def run_cell(spec: RunSpec, shard_blobs: dict[str, bytes] | None,
     if stash is not None:
         stash_objects(*stash)
     forget_failure()  # the last failure's frames (%debug) hold its objects: they go now
+    _shielded(install_stacks_handler)  # %cluster stacks answers while the run is busy
     gate = InterruptGate()
     gate.install_open()
     try:

@@ -1,0 +1,108 @@
+"""Where this rank is right now: its main thread's Python stack, read from another thread.
+
+``%cluster stacks`` must answer while a run is hung, so it cannot queue behind the run on the
+engine's shell channel.  ipyparallel's control channel is served by a thread of the engine's
+own (it is how interrupts reach a busy engine); :func:`install_stacks_handler` teaches that
+thread one more request, answered with :func:`rank_stack` from ``sys._current_frames()``.  The
+run is not stopped or slowed: reading the frames takes the GIL for a moment.
+
+A rank waiting in a collective is found on its stack: phalanx's transports wait in a Python loop
+whose deadline (a ``Backoff``) and name (``what``) are the loop's locals, so the stack says
+which collective and for how long.
+
+Example::
+
+    install_stacks_handler()   # on the engine, once per process (each run makes sure)
+    rank_stack()               # {"pid": 4242, "in_run": True, "frames": [...], "waiting": {...}}
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import sysconfig
+import threading
+import time
+import traceback
+from types import FrameType
+from typing import Any
+
+from ._seam import CELL_FILENAME
+from ._state import engine_state
+
+STACKS_REQUEST = "phalanx_stacks_request"
+_TRANSPORT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "transport") + os.sep
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_LIBRARIES = tuple({_PACKAGE, *(p + os.sep for p in (sysconfig.get_paths()[k]
+                                                     for k in ("stdlib", "purelib", "platlib")))})
+
+
+def install_stacks_handler() -> bool:
+    """Let the engine's control thread answer ``%cluster stacks`` (no-op where it already
+    does, or where the process is not an ipyparallel engine)."""
+    kernel = _engine_kernel()
+    if kernel is None:
+        return False
+    if STACKS_REQUEST not in kernel.control_handlers:
+        def answer(stream: Any, ident: Any, parent: Any) -> None:
+            kernel.session.send(stream, "phalanx_stacks_reply", {"status": "ok", **rank_stack()},
+                                parent=parent, ident=ident)
+
+        kernel.control_handlers[STACKS_REQUEST] = answer
+    return True
+
+
+def rank_stack() -> dict[str, Any]:
+    """This process's main thread: its frames from the cell on (or the innermost few), the
+    collective it waits in, and the run's progress.  Plain data (it travels as JSON)."""
+    frame = sys._current_frames().get(threading.main_thread().ident or -1)
+    run = engine_state().run
+    info: dict[str, Any] = {"pid": os.getpid(), "host": socket.gethostname(),
+                            "in_run": run is not None,
+                            "step": run.progress if run is not None else None,
+                            "frames": [], "waiting": None}
+    if frame is None:
+        return info
+    summary = traceback.extract_stack(frame)
+    cell = [i for i, f in enumerate(summary) if f.filename == CELL_FILENAME]
+    shown = summary[cell[0]:] if cell else summary[-8:]
+    info["frames"] = [[f.filename, f.lineno, f.name, (f.line or "").strip(),
+                       _is_library(f.filename)] for f in shown]
+    info["waiting"] = _collective_wait(frame)
+    return info
+
+
+def _is_library(filename: str) -> bool:
+    """Whether a frame is in phalanx, an installed package or the standard library (not code
+    the person wrote in the notebook)."""
+    return filename.startswith(_LIBRARIES)
+
+
+def _collective_wait(frame: FrameType | None) -> dict[str, Any] | None:
+    """The collective a transport's wait loop is in (innermost first), and for how long."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith(_TRANSPORT):
+            local = frame.f_locals
+            backoff, what = local.get("backoff"), local.get("what")
+            if backoff is not None and isinstance(what, str):
+                return {"what": what, "waited_s": round(time.perf_counter() - backoff.start, 2),
+                        "deadline_in_s": round(backoff.deadline - time.monotonic(), 2)}
+        frame = frame.f_back
+    return None
+
+
+def _engine_kernel() -> Any:
+    """The ipyparallel kernel of this engine process, if it is one (without importing it)."""
+    kernelbase = sys.modules.get("ipykernel.kernelbase")
+    if kernelbase is None or not kernelbase.Kernel.initialized():
+        return None
+    kernel = kernelbase.Kernel.instance()
+    return kernel if hasattr(kernel, "control_handlers") else None
+
+
+def stack_when_idle() -> dict[str, Any]:
+    """:func:`rank_stack` asked as an ordinary call (the engine is idle), making sure the
+    control thread can answer the next time, when it may be busy."""
+    install_stacks_handler()
+    return rank_stack()
