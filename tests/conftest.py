@@ -124,3 +124,13 @@ def two_engines(cluster_session):
 _TESTS = os.path.dirname(os.path.abspath(__file__))
 _SRC = os.path.join(os.path.dirname(_TESTS), "kernel_ext")
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_SRC, _TESTS, os.environ.get("PYTHONPATH")) if p)
+
+# Every run is written to its notebook's run log (phalanx.runs()): the tests' runs go to a
+# folder of this test process (removed at its exit), not to the person's Jupyter data folder.
+if "PHALANX_RUNS_DIR" not in os.environ:
+    import atexit
+    import shutil
+    import tempfile
+
+    os.environ["PHALANX_RUNS_DIR"] = tempfile.mkdtemp(prefix="phalanx-test-runs-")
+    atexit.register(shutil.rmtree, os.environ["PHALANX_RUNS_DIR"], True)

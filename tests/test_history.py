@@ -209,8 +209,10 @@ def test_a_run_keeps_its_history_on_disk_where_asked(two_engines, shell, tmp_pat
     assert record.history.memory_bytes() < 2e6   # the finished run lives on disk
     run_cell(shell, LOOP.format(flags="--no-widget"))
     default = two_engines.last_run().history_path
-    # without --keep-history: under the session's temporary directory, removed with it
-    assert default.startswith(two_engines.fits.rendezvous.directory + os.sep)
+    # without --keep-history: in the notebook's run log, where phalanx.runs() reads it back
+    assert default == two_engines.fits.run_log.history_dir(two_engines.last_run().run_id)
+    [listed] = [r for r in two_engines.runs() if r.run_id == two_engines.last_run().run_id]
+    assert listed.history().rows() == two_engines.last_run().history.rows()
     assert os.path.isdir(path)   # the kept one stays
     rows = two_engines.run_history_rows()
     assert {r["rank"] for r in rows} == {0, 1} and len(rows) == 600   # short: every point

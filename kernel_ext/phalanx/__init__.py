@@ -22,10 +22,18 @@ are loaded on first use.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._version import __version__  # noqa: F401 - the package's version, read by tools
-from .runtime import allreduce, barrier, broadcast, bytes_sent, latest_metrics, log, no_sync, steps, wrap
+from .runtime import bytes_sent, latest_metrics, log
+
+if TYPE_CHECKING:  # loaded on first use (see __getattr__); named here for type checkers
+    from .runtime import allreduce as allreduce
+    from .runtime import barrier as barrier
+    from .runtime import broadcast as broadcast
+    from .runtime import no_sync as no_sync
+    from .runtime import steps as steps
+    from .runtime import wrap as wrap
 
 __all__ = ["log", "allreduce", "broadcast", "barrier", "wrap", "no_sync", "bytes_sent", "steps",
            "latest_metrics", "SyncStrategy", "param_values", "param_grads", "Communicator",
@@ -37,7 +45,7 @@ __all__ = ["log", "allreduce", "broadcast", "barrier", "wrap", "no_sync", "bytes
 def __getattr__(name: str) -> Any:
     from . import runtime
 
-    if name in runtime._STRATEGY_API:  # loaded on first use: they import numpy
+    if name in runtime._CELL_API or name in runtime._STRATEGY_API:  # they import numpy
         return getattr(runtime, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
@@ -68,10 +76,17 @@ def dask_client() -> Any:
 
 
 def runs() -> list:
-    """The background runs of this kernel (``%%distributed_fit --background``), oldest first."""
-    from ._background import runs_of
+    """Every run of this notebook, oldest first, also those of kernels before a restart: name,
+    cell, start, duration, status, final metrics, and each one's curves again.  A background
+    run of this kernel (``%%distributed_fit --background``) also answers ``wait()``,
+    ``stop()`` and ``result(name)``.  ``$PHALANX_KEEP_RUNS`` runs are kept per notebook (100).
 
-    return list(runs_of(get_session()))
+    Example::
+
+        phalanx.runs()                  # a table
+        phalanx.runs()[-1].history().to_pandas()
+    """
+    return get_session().runs()
 
 
 def manifest() -> Any:

@@ -90,7 +90,8 @@ class LabComm:
         self._comms: list[Any] = []
         self._outbox = Outbox()
         self._progress: dict[str, dict] = {}  # latest merged progress of the current run
-        self._runs = RunArchive()  # the kernel's runs, for the panel's run list
+        # the kernel's runs, for the panel's run list, after the notebook's earlier ones
+        self._runs = RunArchive(earlier=getattr(session, "runs", None))
         self._next_at = 0.0
         self._cancel_timer: Callable[[], None] | None = None
         self._unsubscribe: Callable[[], None] | None = None

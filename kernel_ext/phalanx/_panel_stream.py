@@ -26,7 +26,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -100,11 +100,15 @@ class RunArchive:
         [('train', 'done', 1.5)]
     """
 
-    def __init__(self, limit: int = MAX_RUNS) -> None:
+    def __init__(self, limit: int = MAX_RUNS, earlier: Callable[[], list] | None = None) -> None:
         self._limit = limit
         self._entries: dict[str, dict] = {}
         self._details: dict[str, dict] = {}  # total_steps and strategy, from run_started
         self._records: dict[str, Any] = {}
+        # The notebook's recorded runs (``phalanx.runs()``: earlier kernels' too), listed before
+        # this kernel's own; a picked one is read back from its log.
+        self._earlier = earlier
+        self._earlier_runs: dict[str, Any] = {}
 
     def note(self, event: dict, record: Any = None) -> None:
         """Take in a bus event; ``record``: the session's last run record (kept with the
@@ -129,12 +133,37 @@ class RunArchive:
                 self._entries[run]["world_size"] = record.world_size  # an elastic run's last
 
     def entries(self) -> list[dict]:
-        """Every run listed, oldest first (``runs`` event entries)."""
-        return [dict(e) for e in self._entries.values()]
+        """Every run listed, oldest first (``runs`` event entries): the notebook's recorded
+        runs of earlier kernels, then this kernel's."""
+        own = [dict(e) for e in self._entries.values()]
+        return ([*self._earlier_entries(), *own])[-self._limit:]
+
+    def _earlier_entries(self) -> list[dict]:
+        if self._earlier is None:
+            return []
+        try:
+            found = [r for r in self._earlier() if r.run_id not in self._entries]
+        except Exception:  # a log that cannot be read leaves this kernel's runs listed
+            return []
+        self._earlier_runs = {r.run_id: r for r in found}
+        return [{"run": r.run_id, "name": r.name, "status": r.status,
+                 "world_size": r.world_size, "wall_s": r.wall_s, "error": r.error}
+                for r in found]
 
     def record(self, run: str) -> Any:
-        """The record of ``run`` if it ended in this kernel and is still listed, else None."""
-        return self._records.get(run)
+        """The record of ``run`` if it ended in this kernel and is still listed, or was
+        recorded by an earlier kernel of the notebook; else None."""
+        found = self._records.get(run)
+        if found is None and run in self._earlier_runs and self._earlier_runs[run].status != "running":
+            found = self._records[run] = self._earlier_runs[run].record()
+        return found
+
+    def _entry(self, run: str) -> dict:
+        if run in self._entries:
+            return self._entries[run]
+        r = self._earlier_runs[run]
+        return {"run": run, "name": r.name, "status": r.status, "world_size": r.world_size,
+                "wall_s": r.wall_s, "error": r.error}
 
     def messages(self, run: str, chunk_rows: int) -> list[dict] | None:
         """What a panel that picked ``run`` needs: its ``run_record`` then its curves as
@@ -148,7 +177,7 @@ class RunArchive:
         ranks = [{"rank": r, "step": int(record.steps.get(r, 0)), "total": total,
                   "metrics": record.history.latest(r)} for r in range(record.world_size)]
         times = [{"rank": r, **t} for r, t in sorted(record.timing.items())]
-        message = events.run_record(self._entries[run], total, details.get("strategy"), ranks,
+        message = events.run_record(self._entry(run), total, details.get("strategy"), ranks,
                                     times)
         try:
             first = wire_safe(events.validate_event(message))

@@ -27,6 +27,7 @@ from . import events
 from ._bus import EventBus
 from ._dask_client import UserDask
 from ._run_history import RunHistoryQueries
+from ._run_records import RunRecords
 from .cluster import ClusterError, ClusterManager, LaunchOptions, memory_mb, visible_gpus
 from .cluster._memory import add_engine_figures
 from .fit import FitOptions, FitRunner, FitUsageError, RunRecord
@@ -62,7 +63,7 @@ class EngineStatus:
         return len(self.rows)
 
 
-class Session(RunHistoryQueries):
+class Session(RunHistoryQueries, RunRecords):
     """The kernel's phalanx state: cluster, runs, networks and the event bus."""
 
     def __init__(self, shell: Any = None, device_lister: Any = visible_gpus) -> None:
@@ -272,13 +273,17 @@ class Session(RunHistoryQueries):
 
         # a typo is said before "no cluster" and long runs; kept names are live on the engines
         check_cell(body, opts, user_ns, self.fits.kept.names_for(self.fits.kept.engines))
+        self.run_log(user_ns)  # the notebook's: runs are numbered and recorded there
         self._verbs.acquire()  # held until the run is the active one (or failed to start)
         held = [True]
+        run_id: list[str] = []
 
         def started(*args: Any) -> None:
             if held[0]:
                 held[0] = False
                 self._verbs.release()
+            run_id.append(args[0].run_id)
+            self._record_started(args[0], args[1], body)
             if on_start is not None:
                 on_start(*args)
 
@@ -289,6 +294,12 @@ class Session(RunHistoryQueries):
             if self.cluster.running:
                 warn_if_world_differs(body, user_ns, opts.n or self.cluster.size)
             record = self.fits.run(body, opts, user_ns, on_start=started)
+        except BaseException as exc:
+            if run_id:
+                self._record_ended(run_id[0], exc)
+            raise
+        else:
+            self._record_ended(record.run_id, None)
         finally:
             if held[0]:
                 self._verbs.release()

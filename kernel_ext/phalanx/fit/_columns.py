@@ -85,8 +85,9 @@ class Chunk:
         assert self.path is not None, "a chunk holds its columns or the path of its file"
         if not os.path.exists(self.path):
             raise FileNotFoundError(
-                f"the metric history file {self.path} is gone (a run's history is removed with the "
-                "kernel's temporary data; pass --keep-history DIR to %%distributed_fit to keep it)")
+                f"the metric history file {self.path} is gone (the notebook's run log keeps the "
+                "newest PHALANX_KEEP_RUNS runs; pass --keep-history DIR to %%distributed_fit to "
+                "keep a run's history for good)")
         with np.load(self.path) as data:
             return {name: data[name] for name in data.files}
 

@@ -40,6 +40,7 @@ from ._profile import ProfileReport
 from ._recovery import Job, Recovery
 from ._record import RunRecord
 from ._rendezvous import Rendezvous
+from ._run_log import RunLog
 from ._tracker import RunTracker
 from ._waiter import Waiter
 from ._xgboost_tracker import xgboost_tracker
@@ -55,6 +56,10 @@ class FitRunner:
         self._emit = emit
         self._id = uuid.uuid4().hex[:8]
         self._counter = itertools.count(1)
+        # The notebook's runs on disk (set by the session): run numbers continue from it, and
+        # a run's history is written into it unless --keep-history says where.
+        self.run_log: RunLog | None = None
+        self._numbered_from_log = False
         self.engines = EngineSetCache(f"phx-{self._id}")
         self.rendezvous = Rendezvous()
         self.recovery = Recovery(cluster, self.rendezvous, self._slots_for, self._engine_versions)
@@ -80,7 +85,7 @@ class FitRunner:
         prepared = prepare(body, opts, user_ns, len(slots), self._kept_for(slots))
         backend = choose_backend(opts, slots, self.cluster.launcher)
         versions = self._engine_versions(slots)
-        run_id = f"{self._id}-{next(self._counter)}"
+        run_id = f"{self._id}-{self._next_number()}"
         lineage = choose_lineage(opts, self._lineage, f"ckpt-{run_id}", len(slots))
         name = opts.name or f"run-{run_id.split('-')[1]}"
         tracker = RunTracker(run_id, len(slots), opts.steps, self._emit,
@@ -115,12 +120,23 @@ class FitRunner:
             self._lineage = job.lineage or self._lineage
             self.recovery.run_over()
 
+    def _next_number(self) -> int:
+        """The next run's number: after this kernel's last and, the first time, after every
+        run the notebook's log holds, so a name is not given twice across kernel restarts."""
+        if self.run_log is not None and not self._numbered_from_log:
+            self._numbered_from_log = True
+            self._counter = itertools.count(max(next(self._counter), self.run_log.next_number()))
+        return next(self._counter)
+
     def _history_dir(self, opts: FitOptions, run_id: str, name: str) -> str:
         """Where the run's metric history is written: ``--keep-history DIR/<name>-<id>``, else
-        under the session's temporary directory (removed with it when the kernel closes)."""
+        in the notebook's run log, else under the session's temporary directory (removed with
+        it when the kernel closes)."""
         if opts.keep_history:
             safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
             return os.path.join(opts.keep_history, f"{safe}-{run_id}")
+        if self.run_log is not None:
+            return self.run_log.history_dir(run_id)
         return os.path.join(self.rendezvous.directory, "history", run_id)
 
     def request_resize(self, n: int) -> None:
