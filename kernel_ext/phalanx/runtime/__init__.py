@@ -50,9 +50,6 @@ from importlib import import_module
 from time import perf_counter as _perf_counter
 from typing import TYPE_CHECKING
 
-from ._collectives import allreduce, barrier, broadcast
-from ._hooks import no_sync, wrap
-from ._resume import steps
 from ._seam import CheckpointSpec as CheckpointSpec
 from ._seam import GroupSpec as GroupSpec
 from ._seam import Outcome as Outcome
@@ -62,6 +59,12 @@ from ._seam import RunSpec as RunSpec
 from ._state import NotInRunError, current_run
 
 if TYPE_CHECKING:  # loaded on first use (below); named here for type checkers
+    from ._collectives import allreduce as allreduce
+    from ._collectives import barrier as barrier
+    from ._collectives import broadcast as broadcast
+    from ._hooks import no_sync as no_sync
+    from ._hooks import wrap as wrap
+    from ._resume import steps as steps
     from ._resume import held_commits as held_commits
     from ._entry import cached_hashes as cached_hashes
     from ._entry import run_cell as run_cell
@@ -74,7 +77,13 @@ __all__ = ["log", "allreduce", "broadcast", "barrier", "wrap", "no_sync", "bytes
            "latest_metrics", "SyncStrategy", "param_values", "param_grads", "Communicator",
            "NotInRunError"]
 
-# What a strategy needs, loaded on first use: importing phalanx must stay cheap (no numpy).
+# What a cell calls, loaded on its first use (``from phalanx import allreduce`` in the cell):
+# their modules import numpy, and importing phalanx must stay cheap (the kernel's
+# ``%load_ext`` and every engine's start import it).
+_CELL_API = {"allreduce": "._collectives", "barrier": "._collectives",
+             "broadcast": "._collectives", "wrap": "._hooks", "no_sync": "._hooks",
+             "steps": "._resume"}
+# What a strategy needs, loaded on first use like the cell's calls.
 _STRATEGY_API = {"SyncStrategy": "._sync", "param_values": "._sync", "param_grads": "._sync",
                  "Communicator": ".transport._comm"}
 # What the kernel calls on an engine, loaded on first use like the strategy API.
@@ -82,7 +91,7 @@ _ENGINE_CALLS = {"run_cell": "._entry", "cached_hashes": "._entry", "held_commit
 
 
 def __getattr__(name: str) -> object:
-    module = _STRATEGY_API.get(name) or _ENGINE_CALLS.get(name)
+    module = _CELL_API.get(name) or _STRATEGY_API.get(name) or _ENGINE_CALLS.get(name)
     if module is not None:
         return getattr(import_module(module, __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
