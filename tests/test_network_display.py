@@ -59,3 +59,18 @@ def test_nodes_and_machines_display_as_html_in_the_notebook():
 def test_labels_are_escaped():
     X = source(np.ones(3), name="<b>&")
     assert "&lt;b&gt;&amp;" in render_svg(network_event(X))
+
+
+def test_the_dag_picture_scales_to_its_box():
+    """A wide network fits a narrow notebook column: the picture has a viewBox of its own size
+    and may shrink to the output's width (notebook 02's DAG was clipped without one)."""
+    import xml.etree.ElementTree as ET
+
+    X = source(np.ones((5, 2)), name="X")
+    last = X
+    for i in range(6):
+        last = machine(StandardScaler(), last, name=f"step{i}").transform(last)
+    root = ET.fromstring(render_svg(network_event(last)))
+    width, height = float(root.get("width")), float(root.get("height"))
+    assert root.get("viewBox") == f"0 0 {width:g} {height:g}" and width > 800
+    assert "max-width:100%" in root.get("style") and "height:auto" in root.get("style")

@@ -104,8 +104,26 @@ def test_a_long_run_stays_small_and_keeps_its_spike():
     ys[654_321] = 9.0
     svg = curves_svg({"loss": {0: (xs, ys)}}, world_size=1)
     assert len(svg) < 120_000
-    line = polyline_points(parse(svg).find(f"{NS}g").find(f"{NS}polyline"))
-    assert len(line) <= 4 * PLOT_W and line[:, 1].min() <= TOP + PLOT_H * 0.05  # the spike's top
+    panel = parse(svg).find(f"{NS}g")
+    line = polyline_points(panel.find(f"{NS}polyline"))
+    band = polyline_points(panel.find(f"{NS}polygon"))  # the range of each few pixel columns
+    assert len(line) <= PLOT_W and band[:, 1].min() <= TOP + PLOT_H * 0.05  # the spike's top
+
+
+def test_a_noisy_long_curve_reads_as_a_trend_inside_its_band():
+    """1,300 noisy steps (the saved picture that was a black mass): one point per few pixels
+    on the line, the spread as a light band, the mean solid."""
+    rng = np.random.default_rng(0)
+    xs = np.arange(1300.0)
+    noisy = {r: (xs, 1 / (1 + xs / 100) + rng.normal(0, 0.15, xs.size)) for r in (0, 1)}
+    svg = curves_svg({"loss": {**noisy, MEAN: (xs, (noisy[0][1] + noisy[1][1]) / 2)}}, world_size=2)
+    panel = parse(svg).find(f"{NS}g")
+    lines = panel.findall(f"{NS}polyline")
+    assert [len(polyline_points(line)) <= PLOT_W / 2 for line in lines] == [True] * 3
+    assert len(panel.findall(f"{NS}polygon")) == 2, "a band per rank, none for the mean"
+    assert "stroke-dasharray" not in lines[-1].attrib and lines[-1].get("stroke") == "black"
+    trend = polyline_points(lines[0])[:, 1]
+    assert trend[-10:].mean() > trend[:10].mean(), "the loss falls (pixel y grows downwards)"
 
 
 def test_many_ranks_keep_only_the_mean_in_the_legend_and_at_most_six_panels():

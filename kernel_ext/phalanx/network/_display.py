@@ -75,7 +75,10 @@ def render_svg(event: dict) -> str:
     n_rows = 1 + max((r for _, r in pos.values()), default=0)
     width = max(n_cols * _COL_W + _PAD, len(STATE_COLOURS) * 70 + _PAD)
     height = n_rows * _ROW_H + _PAD + 24
+    # The viewBox lets the picture scale to its box (a narrow notebook column, nbviewer's
+    # page): without it a wide network was clipped at the output's edge.
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+             f'viewBox="0 0 {width} {height}" style="max-width:100%;height:auto" '
              f'font-family="sans-serif" font-size="12">',
              '<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="6" '
              'markerHeight="6" orient="auto"><path d="M0,0 L10,5 L0,10 z" fill="#666"/>'

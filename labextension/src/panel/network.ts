@@ -9,6 +9,9 @@ import { PhalanxModel } from '../model';
 import { INetworkEvent, INetworkNode, NODE_STATES } from '../protocol';
 import { h, ISection, replaceChildren, section, showEmpty, svg } from './dom';
 
+/** The smallest the DAG is drawn, as a share of its natural size (its labels stay readable). */
+const MIN_DAG_SCALE = 0.7;
+
 export class NetworkView {
   constructor() {
     this._section = section('Network', 'jp-Phalanx-network');
@@ -80,10 +83,12 @@ export class NetworkView {
   private _drawGraph(layout: IDagLayout): SVGSVGElement {
     const root = svg('svg', {
       class: 'jp-Phalanx-dagSvg',
-      // Natural size, scrolled sideways when wide: shrunk to fit, labels become unreadable.
+      // Scaled down to the panel's width (the style's max-width), but not below 70% of its
+      // natural size: smaller, labels become unreadable, and the box scrolls sideways.
       viewBox: `0 0 ${layout.width} ${layout.height}`,
       width: layout.width,
       height: layout.height,
+      style: `min-width: ${Math.round(layout.width * MIN_DAG_SCALE)}px`,
       role: 'img',
       'aria-label': 'learning network'
     });
