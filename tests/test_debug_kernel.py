@@ -8,6 +8,7 @@ what the debugger says is read from the cell's output on IOPub.
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 from deadlines import hang_limit
@@ -23,6 +24,7 @@ for step in range(10):
         lr = 0.5 * step
         raise RuntimeError("diverged")
 """
+THINK, THINK_S = "(think) ", 3.0  # longer than the runs' --collective-timeout 1
 TRAINS = """%%distributed_fit --no-widget --return total
 from phalanx import allreduce
 total = allreduce(float(rank + 1), op="sum")
@@ -60,7 +62,12 @@ class Notebook:
             prompts.append(msg["content"]["prompt"])
             assert lines, f"the kernel asked for input ({msg['content']['prompt']!r}) after " \
                           f"everything typed was used; output so far: {''.join(out)}"
-            self.client.input(lines.pop(0))
+            line = lines.pop(0)
+            if line.startswith(THINK):  # a person taking their time before typing
+                time.sleep(THINK_S)
+                line = line[len(THINK):]
+            self.typed_at = time.monotonic()
+            self.client.input(line)
 
         reply = self.client.execute_interactive(code, timeout=timeout, allow_stdin=True,
                                                 output_hook=on_output, stdin_hook=on_input)
@@ -103,3 +110,58 @@ def test_post_mortem_through_the_input_box(notebook):
     assert reply["status"] == "ok", shown
     reply, shown, _ = notebook.run("total")
     assert "3.0" in shown
+
+
+def training(stop: str = "") -> str:
+    """A seeded loop whose result depends on every step of both ranks; ``stop`` goes at step 5
+    of rank 1."""
+    return f"""%%distributed_fit --no-widget --seed 0 --return w --collective-timeout 1
+import torch
+from phalanx import allreduce
+w = torch.zeros(4)
+for step in range(10):
+    w -= 0.1 * allreduce(torch.randn(4), op="mean")
+    if rank == 1 and step == 5:
+        {stop or "pass"}
+"""
+
+
+def returned_w(notebook) -> list[float]:
+    reply, shown, _ = notebook.run("print(w.tolist())")
+    assert reply["status"] == "ok", shown
+    return [float(x) for x in shown.strip().strip("[]").split(",")]
+
+
+def test_breakpoint_then_continue_trains_as_without_it(notebook):
+    reply, shown, _ = notebook.run(training())
+    assert reply["status"] == "ok", shown
+    expected = returned_w(notebook)
+
+    # rank 0 waits in its allreduce longer than its collective timeout while the person thinks
+    reply, shown, prompts = notebook.run(training("breakpoint()"),
+                                         ["p step", "p rank", THINK + "c"])
+    assert reply["status"] == "ok", shown
+    assert "phalanx: rank 1 paused at line 8 of the cell: breakpoint()" in shown, shown
+    assert "the other ranks wait at their next collective" in shown
+    assert "\n5\n1\n" in shown, shown
+    assert prompts == ["(Pdb) "] * 3
+    assert returned_w(notebook) == expected  # the same parameters as without the breakpoint
+
+
+def test_quitting_the_debugger_ends_the_run_and_the_engines_train_at_once(notebook):
+    reply, shown, _ = notebook.run(training("phalanx.breakpoint(rank=1)").replace(
+        "import torch\n", "import torch, phalanx\n"), ["p step", "q"])
+    ended_s = time.monotonic() - notebook.typed_at
+    assert reply["status"] == "ok", shown  # ended on purpose: no failed cell
+    said = [line for line in shown.splitlines() if line.startswith("phalanx: rank 1 ended")]
+    assert said == ["phalanx: rank 1 ended the run from its debugger (q) at step 0 after "
+                    + said[0].split(" after ")[1]], shown
+    assert "every rank was released and the engines are ready" in said[0]
+    assert "Traceback" not in shown and "BdbQuit" not in shown, shown
+
+    reply, shown, _ = notebook.run("%cluster stacks")
+    assert shown.count("idle (no run)") == 2, shown  # nothing of the run is left on the engines
+    reply, shown, _ = notebook.run(TRAINS)
+    assert reply["status"] == "ok", shown
+    print(f"q to the cell's end: {ended_s:.2f} s; the next run after it: "
+          f"{time.monotonic() - notebook.typed_at - ended_s:.2f} s (stacks check included)")

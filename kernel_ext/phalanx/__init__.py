@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # loaded on first use (see __getattr__); named here for type 
 
 __all__ = ["log", "allreduce", "broadcast", "barrier", "wrap", "no_sync", "bytes_sent", "steps",
            "latest_metrics", "SyncStrategy", "param_values", "param_grads", "Communicator",
-           "last_run", "manifest", "dask_client",
+           "last_run", "manifest", "dask_client", "breakpoint",
            "cluster_widget", "data_parallel", "get_session", "runs", "load_ipython_extension",
            "unload_ipython_extension"]
 
@@ -48,6 +48,23 @@ def __getattr__(name: str) -> Any:
     if name in runtime._CELL_API or name in runtime._STRATEGY_API:  # they import numpy
         return getattr(runtime, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def breakpoint(rank: int | None = None) -> None:  # noqa: A001 - Python's, for one rank
+    """Pause a ``%%distributed_fit`` run here on ``rank`` (every rank that gets here when
+    None) and open Python's debugger in the cell; the other ranks wait at their next
+    collective.  ``c`` continues, ``q`` ends the run.
+
+    Example (in the cell)::
+
+        if step == 5:
+            phalanx.breakpoint(rank=1)
+    """
+    import sys
+
+    from .runtime._breakpoints import breakpoint_on
+
+    breakpoint_on(rank, sys._getframe(1))
 
 
 def get_session() -> Any:

@@ -238,10 +238,10 @@ class PhalanxMagics(Magics):
                                          lambda handle: report_end(self.ipython, handle))
             self._fit(cell, opts)
         except DistributedFitError as exc:
-            if not (exc.status == "interrupted" and self.session.stop_reason):
+            if not (exc.status == "interrupted" and self.session.stop_reason) and exc.status != "quit":
                 raise
-            # Stopped on request (Stop run): said in the cell, but not a failed cell, which
-            # would make Jupyter abort the next cell the person runs right after.
+            # Stopped on request (Stop run, q in a rank's debugger): said in the cell, but not
+            # a failed cell, which would make Jupyter abort the next cell the person runs.
             print(f"phalanx: {exc.args[0]}", file=sys.stderr)
         except _USER_ERRORS as exc:
             raise UsageError(str(exc)) from None

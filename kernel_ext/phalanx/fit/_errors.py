@@ -14,6 +14,7 @@ ENGINE_DIED = "EngineDied"
 STALLED = "Stalled"
 UNRESPONSIVE = "Unresponsive"
 CONTROLLER_DIED = "ControllerDied"
+DEBUGGER_QUIT = "BdbQuit"  # what a rank raises when the person quits its debugger (q)
 # Errors a rank raises because *another* rank failed: reported only when nothing else explains it.
 SECONDARY = ("CollectiveAborted", "PeerDied", "CollectiveTimeout", "CollectiveError", UNRESPONSIVE,
              "DistBackendError", "DistNetworkError", "DistError")
@@ -186,6 +187,11 @@ def failure(status: str, results: Mapping[int, RankResult], slots: list, opts: A
     if rank is None:
         return DistributedFitError(f"the run failed after {wall:.1f} s (steps: {listed})", status,
                                    None, results)
+    if results[rank].error == DEBUGGER_QUIT:  # `q` at a breakpoint: the person's own ending
+        return DistributedFitError(
+            f"rank {rank} ended the run from its debugger (q) at step {steps.get(rank, 0)} after "
+            f"{wall:.1f} s; every rank was released and the engines are ready for the next run",
+            "quit", rank, results)
     others = [r for r in range(len(slots)) if r != rank]
     text = describe_failure(rank, results[rank], slots[rank])
     if others:

@@ -224,7 +224,8 @@ class FitRunner:
             if status == "interrupted" and self.control.stopped_by:
                 error.args = (f"{job.name} was stopped ({self.control.stopped_by}): {error.args[0]}",)
             first_error = first_error or error
-            if status != "failed" or error.rank is None or restarts >= job.opts.max_restarts:
+            if (status != "failed" or error.status == "quit" or error.rank is None
+                    or restarts >= job.opts.max_restarts):
                 final = _final(first_error, error, restarts)
                 self._record(job, slots, results, status, versions, prepared,
                              final.args[0]).failed_rank = error.rank
@@ -232,7 +233,7 @@ class FitRunner:
                     final.args = (final.args[0] + _what_came_back(status, results,
                                                                   job.opts.train.returns),
                                   *final.args[1:])
-                if status == "failed":  # a rank that raised keeps its frames for %debug
+                if final.status == "failed":  # a rank that raised keeps its frames for %debug
                     attach_post_mortem(final, job.run_id, slots, results)
                 raise final
             restarts += 1

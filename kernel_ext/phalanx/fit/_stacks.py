@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from ..runtime._seam import CELL_FILENAME
+from ._engine_control import ask_engines
 
 ANSWER_S = 1.5  # every engine together: the whole answer stays within 2 s
 
@@ -25,31 +26,21 @@ def ask_stacks(cluster: Any, slots: list, busy: bool, timeout: float = ANSWER_S)
     """Each slot's stack (``runtime._stacks.rank_stack``'s data), None where no answer came."""
     from ..runtime._stacks import STACKS_REQUEST, stack_when_idle
 
-    client = cluster.client
-    pending: list[Any] = []
+    if busy:
+        return ask_engines(cluster, [s.engine_id for s in slots], STACKS_REQUEST, {}, timeout)
+    calls = []
     for slot in slots:
         try:
-            if busy:
-                pending.append(client._send_control_request(
-                    targets=[slot.engine_id], msg_type=STACKS_REQUEST, content={}, block=False))
-            else:
-                pending.append(client[slot.engine_id].apply_async(stack_when_idle))
+            calls.append(cluster.client[slot.engine_id].apply_async(stack_when_idle))
         except Exception:  # an engine gone between the listing and the call
-            pending.append(None)
+            calls.append(None)
     deadline = time.monotonic() + timeout
-    return [_answer(p, busy, deadline) for p in pending]
+    return [_result(call, deadline) for call in calls]
 
 
-def _answer(pending: Any, busy: bool, deadline: float) -> dict | None:
-    if pending is None:
-        return None
+def _result(call: Any, deadline: float) -> dict | None:
     try:
-        left = max(0.0, deadline - time.monotonic())
-        if busy:
-            (reply,) = pending.result(timeout=left)
-            content = reply["content"]
-            return content if content.get("status") == "ok" else None
-        return pending.get(timeout=left)
+        return call.get(timeout=max(0.0, deadline - time.monotonic())) if call else None
     except Exception:
         return None
 

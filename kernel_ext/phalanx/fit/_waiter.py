@@ -19,6 +19,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..runtime import Outcome, RankResult
+from ._breakpoints import PausedRanks
 from ._engine_calls import registered, signal_engines
 from ._errors import CONTROLLER_DIED, ENGINE_DIED, SECONDARY, STALLED, UNRESPONSIVE, cause_of
 from ._output import OutputStreamer
@@ -48,6 +49,7 @@ class Waiter:
         self.cluster, self.slots, self.ars, self.tracker, self.opts = cluster, slots, ars, tracker, opts
         self.pump = pump or (lambda: None)  # serves the kernel's requests; may raise a stop
         self.output = OutputStreamer(ars)
+        self.paused = PausedRanks(cluster, slots, ars)
         self.released_at: float | None = None
         self.stalled: set[int] = set()   # ranks that kept their peers waiting
         self.stopped: set[int] = set()   # ... and were found stopped (SIGSTOP): killed
@@ -62,6 +64,7 @@ class Waiter:
                 if getattr(self.cluster, "controller_exit", None) is not None:
                     self._controller_lost(pending, results)
                 self._collect(pending, results)
+                self.paused.serve(pending)  # a rank at breakpoint(): its debugger, in the cell
                 failed = [r for r in results.values() if r.failed]
                 if status == "done" and failed:
                     status, failed_at = "failed", time.monotonic()

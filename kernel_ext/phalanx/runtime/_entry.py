@@ -346,6 +346,7 @@ def _seed(seed: int | None, rank: int) -> None:
 
 
 def _install_hooks(run: RunContext, namespace: dict, shard: tuple[str, ...]) -> None:
+    from ._breakpoints import install_breakpoints
     from ._double_split import watch_double_split
     from ._estimators import install_estimator_sync, patch_namespace_estimators
     from ._framework_logs import watch_framework_logs
@@ -366,6 +367,7 @@ def _install_hooks(run: RunContext, namespace: dict, shard: tuple[str, ...]) -> 
     run.patches.on_undo(watch_xgboost(run), "XGBoost's world")
     run.patches.on_undo(watch_lightgbm(run), "LightGBM's world")
     run.patches.on_undo(release_derived_classes, "torch's derived FSDP classes")
+    install_breakpoints(run)  # breakpoint() pauses this rank, typed from the notebook
 
 
 def _start_profiler(steps: int | None, device: Any) -> Any:

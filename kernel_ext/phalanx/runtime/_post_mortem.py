@@ -16,6 +16,7 @@ Example (what the kernel calls on rank 1's engine)::
 
 from __future__ import annotations
 
+import bdb
 import gc
 import traceback
 from dataclasses import dataclass
@@ -43,11 +44,12 @@ class KeptFailure:
 
 def keep_failure(run_id: str, rank: int, exc: BaseException) -> bool:
     """Keep ``exc``'s frames for ``%debug`` (replacing any earlier failure's); an interrupt
-    (a Stop, a peer's fault) keeps nothing: its frames would only hold the run's memory."""
+    (a Stop, a peer's fault) or a debugger's ``q`` keeps nothing: its frames would only hold
+    the run's memory."""
     state = engine_state()
     state.post_mortem = None
-    if isinstance(exc, KeyboardInterrupt) or exc.__traceback__ is None:
-        return False
+    if isinstance(exc, (KeyboardInterrupt, bdb.BdbQuit)) or exc.__traceback__ is None:
+        return False  # a quit debugger ended the run on purpose: nothing to look at
     error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
     state.post_mortem = KeptFailure(run_id, rank, error, exc.__traceback__)
     return True

@@ -1,10 +1,9 @@
 """Where this rank is right now: its main thread's Python stack, read from another thread.
 
 ``%cluster stacks`` must answer while a run is hung, so it cannot queue behind the run on the
-engine's shell channel.  ipyparallel's control channel is served by a thread of the engine's
-own (it is how interrupts reach a busy engine); :func:`install_stacks_handler` teaches that
-thread one more request, answered with :func:`rank_stack` from ``sys._current_frames()``.  The
-run is not stopped or slowed: reading the frames takes the GIL for a moment.
+engine's shell channel: it is a control request (see :mod:`._control_requests`), answered with
+:func:`rank_stack` from ``sys._current_frames()``.  The run is not stopped or slowed: reading
+the frames takes the GIL for a moment.
 
 A rank waiting in a collective is found on its stack: phalanx's transports wait in a Python loop
 whose deadline (a ``Backoff``) and name (``what``) are the loop's locals, so the stack says
@@ -28,6 +27,7 @@ import traceback
 from types import FrameType
 from typing import Any
 
+from ._control_requests import answer_on_control
 from ._seam import CELL_FILENAME
 from ._state import engine_state
 
@@ -39,18 +39,9 @@ _LIBRARIES = tuple({_PACKAGE, *(p + os.sep for p in (sysconfig.get_paths()[k]
 
 
 def install_stacks_handler() -> bool:
-    """Let the engine's control thread answer ``%cluster stacks`` (no-op where it already
-    does, or where the process is not an ipyparallel engine)."""
-    kernel = _engine_kernel()
-    if kernel is None:
-        return False
-    if STACKS_REQUEST not in kernel.control_handlers:
-        def answer(stream: Any, ident: Any, parent: Any) -> None:
-            kernel.session.send(stream, "phalanx_stacks_reply", {"status": "ok", **rank_stack()},
-                                parent=parent, ident=ident)
-
-        kernel.control_handlers[STACKS_REQUEST] = answer
-    return True
+    """Let the engine's control thread answer ``%cluster stacks`` (False where the process is
+    not an ipyparallel engine)."""
+    return answer_on_control(STACKS_REQUEST, lambda content: rank_stack())
 
 
 def rank_stack() -> dict[str, Any]:
@@ -90,15 +81,6 @@ def _collective_wait(frame: FrameType | None) -> dict[str, Any] | None:
                         "deadline_in_s": round(backoff.deadline - time.monotonic(), 2)}
         frame = frame.f_back
     return None
-
-
-def _engine_kernel() -> Any:
-    """The ipyparallel kernel of this engine process, if it is one (without importing it)."""
-    kernelbase = sys.modules.get("ipykernel.kernelbase")
-    if kernelbase is None or not kernelbase.Kernel.initialized():
-        return None
-    kernel = kernelbase.Kernel.instance()
-    return kernel if hasattr(kernel, "control_handlers") else None
 
 
 def stack_when_idle() -> dict[str, Any]:

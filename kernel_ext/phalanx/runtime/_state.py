@@ -52,6 +52,7 @@ class RunContext:
     watch: Any = None                   # TrainingWatch: finds what trains (see _training_watch)
     agreement: str = "at_end"           # the strategy's promise (SyncStrategy.agreement)
     interrupts: Any = None              # InterruptGate: defers an interrupt during an update
+    debugger: Any = None                # PausedDebugger once the cell called breakpoint()
 
 
     @property

@@ -183,4 +183,46 @@ class Backoff:
         self.nap = min(self.nap * 2, self.max_nap)
 
     def expired(self) -> bool:
-        return time.monotonic() > self.deadline
+        now = time.monotonic()
+        return now > self.deadline and not DEADLINES.extend(self, now)
+
+
+class DeadlineHold:
+    """While a rank of the run is paused in a debugger, collective deadlines do not run out.
+
+    The kernel holds the deadlines of every other rank while a person types at one rank's
+    ``(Pdb)`` (and releases them when the debugger continues): a peer waiting in a collective
+    keeps waiting, and once released gets its whole timeout again.  Consulted only once a wait
+    has passed its deadline, so a collective pays nothing for it.
+
+    Example::
+
+        >>> DEADLINES.hold(True); DEADLINES.held
+        True
+        >>> DEADLINES.hold(False); DEADLINES.held
+        False
+    """
+
+    def __init__(self) -> None:
+        self.held = False
+        self.released_at: float | None = None  # monotonic
+
+    def hold(self, held: bool) -> None:
+        if self.held and not held:
+            self.released_at = time.monotonic()
+        self.held = held
+
+    def extend(self, backoff: Backoff, now: float) -> bool:
+        """Whether ``backoff``'s passed deadline is moved on (held, or released since it began)."""
+        # the wait's own timeout: this is first called when it ran out
+        span = backoff.__dict__.setdefault("span", time.perf_counter() - backoff.start)
+        if self.held:
+            backoff.deadline = now + min(span, 1.0)  # looked at again soon
+            return True
+        if self.released_at is not None and now < self.released_at + span:
+            backoff.deadline = self.released_at + span
+            return True
+        return False
+
+
+DEADLINES = DeadlineHold()  # one per process: an engine process is one rank
