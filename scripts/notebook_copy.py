@@ -20,20 +20,24 @@ SKIPPED = ("__pycache__",)  # and every dot-name: .ipynb_checkpoints, editors' f
 
 
 def working_copy(source: Path, target: Path) -> list[Path]:
-    """Copy into ``target`` each file of ``source`` it lacks; the files copied (in ``target``).
+    """Copy into ``target`` each notebook of ``source`` it lacks; the files copied (in
+    ``target``).  Only notebooks: the folder's scripts (``_build.py``, ``demo.py``) are the
+    project's, not something to open in the lab.
 
     >>> import tempfile
     >>> base = Path(tempfile.mkdtemp())
-    >>> (base / "nb").mkdir(); _ = (base / "nb" / "a.py").write_text("x = 1")
+    >>> (base / "nb").mkdir(); _ = (base / "nb" / "a.ipynb").write_text('{"cells": []}')
+    >>> _ = (base / "nb" / "_build.py").write_text("x = 1")
     >>> [p.name for p in working_copy(base / "nb", base / "work")]
-    ['a.py']
+    ['a.ipynb']
     >>> working_copy(base / "nb", base / "work")   # nothing is copied twice
     []
     """
     copied = []
     for path in sorted(source.rglob("*")):
         relative = path.relative_to(source)
-        if not path.is_file() or any(p.startswith(".") or p in SKIPPED for p in relative.parts):
+        if (not path.is_file() or path.suffix != ".ipynb"
+                or any(p.startswith(".") or p in SKIPPED for p in relative.parts)):
             continue
         destination = target / relative
         if destination.exists():

@@ -63,3 +63,11 @@ def test_a_second_make_lab_keeps_the_persons_edits(tmp_path):
     copied = working_copy(NOTEBOOKS, work)
     assert copied == [work / "02-learning-networks.ipynb"]  # only what the copy lacked
     assert json.loads(edited.read_text())["cells"][0]["source"] == "my notes"
+
+
+def test_the_copy_has_only_the_notebooks_not_the_folders_scripts(tmp_path):
+    working_copy(NOTEBOOKS, tmp_path / "work")
+    scripts = sorted(p.name for p in NOTEBOOKS.glob("*.py"))
+    assert scripts  # _build.py, _execute.py, demo.py: the project's, not the person's
+    assert sorted(p.name for p in (tmp_path / "work").iterdir()) == sorted(
+        p.name for p in NOTEBOOKS.glob("*.ipynb"))

@@ -18,6 +18,7 @@ import os
 from typing import Any
 
 from ._cluster_files import files_of
+from ._engine_log import EngineLog, prune
 from ._exit_watch import ExitWatch
 from ._fork_server import ForkServer
 from ._heartbeat import CONTROLLER_ARGS
@@ -59,6 +60,10 @@ class ControllerStarter:
         stand_in = launched_processes(cluster.controller)
         warden.watch(stand_in)
         cluster.controller.on_stop(self._exits.controller_exited)
+        engine_log = state.engine_log
+        if engine_log is not None:  # its own output, kept when it stops
+            cluster.controller.on_stop(
+                lambda data, c=cluster.controller: engine_log.keep("controller", c, data))
         state.client = await cluster.connect_client()
         # the controller's word that an engine is gone marks its rank dead at once
         state.client._registration_callbacks.append(self._exits.engine_unregistered)
@@ -74,15 +79,19 @@ class ControllerStarter:
         import ipyparallel as ipp
 
         state, launcher = self.state, self.state.launcher
+        # no cluster file: ipyparallel's JupyterLab sidebar lists (and its server watches, logging
+        # every engine's whole output at exit) the clusters whose files it finds in the profiles
         kwargs: dict[str, Any] = dict(
             engines=launcher.name, delay=0, engine_timeout=int(state.timeout),
             controller_args=list(CONTROLLER_ARGS) + NO_TASK_DATABASE, shutdown_atexit=True,
-            log=quiet_logger(), parent=None)
+            log=quiet_logger(), parent=None, cluster_file="")
         if profile and os.sep in profile:  # a profile's folder rather than its name
             kwargs["profile_dir"] = os.path.abspath(os.path.expanduser(profile))
         elif profile:
             kwargs["profile"] = profile
         state.cluster = cluster = ipp.Cluster(**kwargs)
+        state.engine_log = EngineLog(cluster.profile_dir, cluster.cluster_id)
+        prune(cluster.profile_dir)
         launcher.profile_config = cluster.config
         launcher.profile_dir = cluster.profile_dir
         launcher.check()  # before any process starts

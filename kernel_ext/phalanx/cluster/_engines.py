@@ -135,3 +135,7 @@ class EngineStarter:
         # the watch's method is looked up when the set stops, not now (tests delay the notice)
         cluster.engines[set_id].on_stop(
             lambda data, s=set_id: self._exits.engine_set_exited(s, data))
+        engine_set, engine_log = cluster.engines[set_id], state.engine_log
+        if engine_log is not None:  # its processes' own output, out of the cell and terminal
+            engine_set.on_stop(lambda data, s=set_id: engine_log.keep(f"engine set {s}",
+                                                                      engine_set, data))

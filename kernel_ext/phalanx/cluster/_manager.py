@@ -119,6 +119,12 @@ class ClusterManager:
         return self.state.timeout
 
     @property
+    def log_file(self) -> str | None:
+        """The last started cluster's log: what its engines and controller said that is not
+        the user's (their logging, tracebacks outside a cell), appended as each process stops."""
+        return self.state.engine_log.path if self.state.engine_log is not None else None
+
+    @property
     def generation(self) -> int:
         """Bumped whenever the rank -> engine mapping changes."""
         return self.state.generation

@@ -28,6 +28,7 @@ from ._procs import is_adopted
 from ._ranks import EngineSlot, RankTable
 
 if TYPE_CHECKING:
+    from ._engine_log import EngineLog
     from ._loop import LoopThread
     from ._warden import Warden
 
@@ -58,6 +59,7 @@ class ClusterState:
         self.warden: Warden | None = None        # the cluster's watchdog process
         self.forked_controller: Any = None       # the controller (psutil), where the zygote forked it
         self.controller_exit: dict | None = None  # set when the controller stops on its own
+        self.engine_log: EngineLog | None = None  # its processes' own output (kept after a stop)
 
     @property
     def running(self) -> bool:

@@ -30,6 +30,8 @@ PARENT_PID = "PHALANX_PARENT_PID"
 PARENT_START = "PHALANX_PARENT_START"   # the parent's start time: a reused pid is not our kernel
 POLL_S = 0.5                            # only where a pidfd cannot be had
 ENTRY_POINTS = ("ipyparallel.controller", "ipyparallel.engine")
+# what tornado raises in an engine that SIGTERM stopped (it logged the signal): no traceback
+STOPPED = "Event loop stopped before Future completed."
 
 
 def parent_env() -> dict[str, str]:
@@ -142,7 +144,11 @@ def main(argv: list[str]) -> None:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if exc.code is not None and not isinstance(exc.code, int):
             print(exc.code, file=sys.__stderr__)
-    except BaseException:  # ipyparallel's engine ends this way when stopped by SIGTERM
+    except RuntimeError as exc:  # ipyparallel's engine ends this way when stopped by SIGTERM
+        if str(exc) != STOPPED:
+            traceback.print_exc(file=sys.__stderr__)
+        code = 1
+    except BaseException:
         traceback.print_exc(file=sys.__stderr__)
         code = 1
     _exit_now(code)
