@@ -69,6 +69,37 @@ def test_stacks_of_a_hung_run_name_the_collective_and_the_cell_lines(shell, two_
     assert text.count("idle (no run)") == 2, text
 
 
+def test_a_stall_message_shows_where_the_ranks_still_running_are(shell, two_engines, capsys):
+    """A run hung on purpose: rank 1 never reaches the allreduce rank 0 waits in.  The collective
+    timeout's message carries rank 1's stack as %cluster stacks shows it (asked before the
+    interrupt moved it); rank 0 had returned with its timeout, so it is not asked."""
+    from phalanx.fit import DistributedFitError
+
+    with pytest.raises(DistributedFitError) as info:
+        run_cell(shell, """%%distributed_fit --no-widget --collective-timeout 2
+import time
+from phalanx import allreduce
+if rank == 1:
+    while True:
+        time.sleep(0.05)
+total = allreduce(1.0, op="sum")
+""")
+    message = str(info.value)
+    with capsys.disabled():
+        print(f"the stall's message:\n{message}")
+    assert info.value.rank == 1 and "rank 1" in message and "stalled" in message
+    head, stacks = message.split("Where the ranks still running were when the deadline passed "
+                                 "(as %cluster stacks shows them):\n")
+    assert stacks.startswith("rank 1 (engine"), stacks
+    assert "rank 0 (engine" not in stacks  # it had returned: nothing to ask
+    assert "running (not in a collective)" in stacks
+    assert 'File "<distributed_fit>", line 6, in <module>' in stacks
+    assert "time.sleep(0.05)" in stacks
+    run_cell(shell, "%%distributed_fit --no-widget --return total\n"
+                    "from phalanx import allreduce\ntotal = allreduce(1.0, op='sum')\n")
+    assert shell.user_ns["total"] == 2.0  # the same engines train at once
+
+
 def test_stacks_without_a_cluster_says_how_to_start_one(shell, no_cluster):
     with pytest.raises(UsageError, match="no cluster is running: start one with %cluster start"):
         run_cell(shell, "%cluster stacks")

@@ -127,6 +127,10 @@ def engine_fault(rank: int, slot: Any, exc: BaseException, what: str,
 
 
 def _describe_stall(where: str, rank: int, result: RankResult, slot: Any) -> str:
+    return _stall_text(where, rank, result, slot) + _stacks_at_stall(result)
+
+
+def _stall_text(where: str, rank: int, result: RankResult, slot: Any) -> str:
     text = (f"{where} stalled: the other ranks waited {result.waited_s or 0:g} s "
             f"(--collective-timeout) for it in a collective; its last step was {result.steps}.")
     if result.stopped:
@@ -140,6 +144,13 @@ def _describe_stall(where: str, rank: int, result: RankResult, slot: Any) -> str
     if result.outcome is Outcome.UNRESPONSIVE:
         return text + " It did not answer an interrupt either, so its engine was restarted."
     return text + " It was interrupted here:\n" + _indent(result)
+
+
+def _stacks_at_stall(result: RankResult) -> str:
+    if not result.stacks_at_stall:
+        return ""
+    return ("\nWhere the ranks still running were when the deadline passed (as %cluster stacks "
+            "shows them):\n" + result.stacks_at_stall)
 
 
 def _indent(result: RankResult) -> str:

@@ -45,10 +45,11 @@ def _result(call: Any, deadline: float) -> dict | None:
         return None
 
 
-def describe_stacks(slots: list, stacks: list[dict | None]) -> str:
-    """One block per rank: where it is, the collective it waits in, its frames."""
+def describe_stacks(slots: list, stacks: list[dict | None], ranks: list[int] | None = None) -> str:
+    """One block per rank: where it is, the collective it waits in, its frames (``ranks``: the
+    slots' ranks where they are not 0, 1, ...)."""
     blocks = []
-    for rank, (slot, stack) in enumerate(zip(slots, stacks)):
+    for rank, slot, stack in zip(ranks or range(len(slots)), slots, stacks):
         where = f"rank {rank} (engine {slot.engine_id} on host {slot.host}, pid {slot.pid})"
         if stack is None:
             blocks.append(f"{where}: no answer within {ANSWER_S:g} s (gone, or stuck in native "

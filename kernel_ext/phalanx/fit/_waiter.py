@@ -53,6 +53,7 @@ class Waiter:
         self.released_at: float | None = None
         self.stalled: set[int] = set()   # ranks that kept their peers waiting
         self.stopped: set[int] = set()   # ... and were found stopped (SIGSTOP): killed
+        self.stacks_at_stall: str | None = None  # the running ranks' stacks when a deadline passed
 
     def wait(self, results: dict[int, RankResult]) -> str:
         """Fill ``results`` (rank -> result) and return done|failed|timeout|interrupted|resized."""
@@ -161,7 +162,7 @@ class Waiter:
             # a rank named by an abort gave up on its own and is reporting, not stalled
             named = {rank for r in timeouts for rank in r.ranks if rank in pending}
             self.stalled |= named or set(pending)
-        targets = []
+        alive = []
         for rank in sorted(pending):
             slot = self.slots[rank]
             if slot.state == "dead":
@@ -169,7 +170,10 @@ class Waiter:
             if _is_stopped(slot):
                 self._kill_stopped(rank, slot)
             else:
-                targets.append(slot.engine_id)
+                alive.append(rank)
+        if self.stalled and alive:  # where the stall is, before the interrupt moves it
+            self.stacks_at_stall = _stacks_of(self.cluster, [self.slots[r] for r in alive], alive)
+        targets = [self.slots[rank].engine_id for rank in alive]
         # An engine can leave between the checks above and the signal: it then needs none.
         signal_engines(self.cluster, targets, signal.SIGINT)
 
@@ -213,7 +217,16 @@ class Waiter:
             if not (result.error in SECONDARY or result.outcome in _STALL_OUTCOMES):
                 continue  # it failed on its own: that error is the report
             results[rank] = replace(result, stalled=True, stopped=rank in self.stopped,
-                                    waited_s=self.opts.collective_timeout)
+                                    waited_s=self.opts.collective_timeout,
+                                    stacks_at_stall=self.stacks_at_stall)
+
+
+def _stacks_of(cluster: Any, slots: list, ranks: list[int]) -> str:
+    """What ``%cluster stacks`` would show of these running ranks: one control request each,
+    all at once (milliseconds; an engine that does not answer costs ``ANSWER_S``)."""
+    from ._stacks import ask_stacks, describe_stacks
+
+    return describe_stacks(slots, ask_stacks(cluster, slots, busy=True), ranks)
 
 
 def _is_stopped(slot: Any) -> bool:

@@ -142,6 +142,7 @@ class RankResult:
     stalled: bool = False
     stopped: bool = False              # ... and was frozen, so phalanx ended it
     waited_s: float | None = None      # how long its peers waited (``--collective-timeout``)
+    stacks_at_stall: str | None = None  # where the ranks still running were then (in words)
 
     @property
     def ok(self) -> bool:
