@@ -95,6 +95,7 @@ class LabComm:
         self._next_at = 0.0
         self._cancel_timer: Callable[[], None] | None = None
         self._unsubscribe: Callable[[], None] | None = None
+        self._kernel_status: Any = None  # the kernel's status kept busy during a run
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -112,12 +113,15 @@ class LabComm:
         self._announce()
 
     def _install_pump(self) -> None:
-        from ._pump import shell_pump
+        from ._kernel_status import KernelStatus
+        from ._pump import has_subshells, shell_pump
 
         kernel = getattr(getattr(self._session, "shell", None), "kernel", None)
         pump = shell_pump(kernel)
         if pump is not None:  # a kernel without subshells: runs answer the panel at each poll
             self._session.serve_messages_during_runs(pump)
+        elif kernel is not None and has_subshells(kernel):  # busy while a cell runs, whatever
+            self._kernel_status = KernelStatus.install(kernel)  # the panel asks meanwhile
 
     def close(self) -> None:
         """Unregister, close every panel comm and stop the timer (``%unload_ext``)."""
@@ -129,6 +133,9 @@ class LabComm:
                 self._cancel_timer()
                 self._cancel_timer = None
             comms, self._comms = self._comms, []
+        if self._kernel_status is not None:
+            self._kernel_status.uninstall()
+            self._kernel_status = None
         manager = self._comm_manager
         if manager is not None and manager.targets.get(COMM_TARGET) == self._on_open:
             manager.unregister_target(COMM_TARGET, self._on_open)
