@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from phalanx.runtime._own_gpu import use_own_gpu
-from phalanx.runtime._torchrun_world import TORCHRUN_VARIABLES, torchrun_env
+from phalanx.runtime.adapters.torchrun import TORCHRUN_VARIABLES, torchrun_env
 
 _current = {"index": 0}
 

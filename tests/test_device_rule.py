@@ -17,7 +17,7 @@ from phalanx.cluster._gpus import assign_devices, host_gpu_order, parse_gpu_spec
 from phalanx.cluster._registration import _devices_of_replaced
 from phalanx.runtime._device_rule import (FRAMEWORKS, EngineView, engine_views,
                                           foreign_device_message, own_gpu_index, pinning_env)
-from phalanx.runtime._torchrun_world import torchrun_env
+from phalanx.runtime.adapters.torchrun import torchrun_env
 
 EIGHT = [str(i) for i in range(8)]
 FOUR = ["0", "1", "2", "3"]

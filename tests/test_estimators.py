@@ -25,10 +25,10 @@ from sklearn.neural_network import MLPClassifier
 from sklearn.preprocessing import MaxAbsScaler, MinMaxScaler, StandardScaler
 
 from conftest import run_cell
-from phalanx.runtime._estimators import (EstimatorAveragingWarning, EstimatorSyncError, _Patched,
+from phalanx.runtime.adapters.sklearn import (EstimatorAveragingWarning, EstimatorSyncError, _Patched,
                                          fitted_state, install_estimator_sync, merge_rule,
                                          patch_namespace_estimators, patch_partial_fit)
-from phalanx.runtime._import_watch import ImportWatch
+from phalanx.runtime.adapters._import_watch import ImportWatch
 from phalanx.runtime._options import TrainOptions
 from phalanx.runtime._state import RunContext
 from phalanx.runtime.transport._comm import make_thread_communicators
@@ -544,7 +544,7 @@ def test_sklearn_imported_by_the_cell_after_install_is_hooked():
     code = textwrap.dedent("""
         import inspect, sys
         from phalanx.runtime._state import RunContext
-        from phalanx.runtime._estimators import install_estimator_sync, _Patched
+        from phalanx.runtime.adapters.sklearn import install_estimator_sync, _Patched
         from phalanx.runtime.transport._comm import make_thread_communicators
         run = RunContext("t", 0, 1, None, collectives=make_thread_communicators(1)[0])
         undo = install_estimator_sync(run)

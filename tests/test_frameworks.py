@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from conftest import run_cell
-from phalanx.runtime._torchrun_world import _not_interactive
+from phalanx.runtime.adapters.torchrun import _not_interactive
 from deadlines import hang_limit
 
 cluster = pytest.mark.cluster
@@ -452,7 +452,7 @@ def test_a_progress_bar_comes_out_as_its_last_drawing():
 
 def test_a_framework_imported_by_the_cell_is_wrapped_once_it_loads(tmp_path, monkeypatch):
     """The watch fires when the module loads (not before), and a withdrawn watch never does."""
-    from phalanx.runtime._import_watch import when_loaded
+    from phalanx.runtime.adapters._import_watch import when_loaded
 
     (tmp_path / "phalanx_fw_probe.py").write_text("class Trainer:\n    pass\n")
     (tmp_path / "phalanx_fw_never.py").write_text("X = 1\n")

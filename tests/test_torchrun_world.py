@@ -1,5 +1,5 @@
 """A torchrun-style script pasted into a ``%%distributed_fit`` cell runs as torchrun would run it
-(``runtime/_torchrun_world.py``): torchrun's environment variables for the cell only, its
+(``runtime/adapters/torchrun.py``): torchrun's environment variables for the cell only, its
 ``init_process_group()`` joining the warm group, its ``destroy_process_group()`` leaving that group
 to the next cell, and fork/spawn launchers refused at once.
 
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from conftest import run_cell
-from phalanx.runtime._torchrun_world import (MASTER_PORT, TORCHRUN_VARIABLES,
+from phalanx.runtime.adapters.torchrun import (MASTER_PORT, TORCHRUN_VARIABLES,
                                              BackendMismatchWarning, WorldMismatchError,
                                              _backends, _check_backend, _check_world,
                                              _environment, torchrun_env)
@@ -103,7 +103,7 @@ ONE_RANK = """
 import os, tempfile, types, warnings
 import torch, torch.distributed as dist, torch.multiprocessing as mp
 from phalanx.runtime._group import GroupSpec
-from phalanx.runtime._torchrun_world import torchrun_world, SpawnInCellError
+from phalanx.runtime.adapters.torchrun import torchrun_world, SpawnInCellError
 
 before = (dict(os.environ), dist.init_process_group, dist.destroy_process_group, mp.spawn,
           mp.start_processes)
@@ -453,7 +453,7 @@ def test_the_torchrun_script_with_a_loss_that_trains_matches_one_process(engines
 
 ENV_CELL = """
 import os, torch.distributed as dist
-from phalanx.runtime._torchrun_world import TORCHRUN_VARIABLES
+from phalanx.runtime.adapters.torchrun import TORCHRUN_VARIABLES
 mine = {name: os.environ.get(name) for name in TORCHRUN_VARIABLES}
 envs = [None] * world_size
 dist.all_gather_object(envs, mine)

@@ -250,7 +250,8 @@ class FitRunner:
         results: dict[int, RankResult] = {}
         try:  # a rank whose engine left before its task was sent fails like one that died in it
             with xgboost_tracker(job.body, job.user_ns, slots, job.opts.collective_timeout) as xgb:
-                specs = [dataclasses.replace(s, xgboost=xgb) for s in specs] if xgb else specs
+                specs = [dataclasses.replace(s, adapter_data=(("xgboost", xgb),)) for s in specs] \
+                    if xgb else specs
                 ars = [dispatch(self.cluster, s, run_cell, spec, blob, stash)
                        for s, spec, blob, stash in zip(slots, specs, prepared.shard_blobs, stashes)]
                 self.engines.shipped([s for s, ar in zip(slots, ars)

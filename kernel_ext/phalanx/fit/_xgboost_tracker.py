@@ -4,7 +4,7 @@ A cell that calls ``xgb.train(...)`` on each rank's ``--shard`` trains one model
 shards when every rank's XGBoost joins one communicator (``xgboost.collective``).  Its
 coordinator is XGBoost's :class:`~xgboost.tracker.RabitTracker`: the kernel starts one for each
 attempt of a run whose cell uses xgboost, and the engines enter the communicator with its
-address (``RunSpec.xgboost``; see :mod:`phalanx.runtime._xgboost_world`).
+address (``RunSpec.adapter_data``; see :mod:`phalanx.runtime.adapters.xgboost`).
 
 - It listens where the rest of phalanx does: loopback when every engine is on this host, else
   only the address on the route to the engines.
@@ -18,7 +18,7 @@ address (``RunSpec.xgboost``; see :mod:`phalanx.runtime._xgboost_world`).
 Example::
 
     with xgboost_tracker(body, user_ns, slots, timeout_s=60.0) as args:
-        specs = [dataclasses.replace(s, xgboost=args) for s in specs]
+        specs = [dataclasses.replace(s, adapter_data=(("xgboost", args),)) for s in specs]
         ...                                       # the attempt runs
     # closed here
 """

@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from ._torchrun_world import torchrun_env
+from .adapters.torchrun import torchrun_env
 
 __all__ = ["GPU_VARIABLE", "EngineView", "engine_views", "pinning_env", "own_gpu_index",
            "foreign_device_message", "FRAMEWORKS"]

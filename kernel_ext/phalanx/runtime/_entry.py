@@ -34,7 +34,7 @@ from ._seam import CELL_FILENAME, Outcome, RankResult, RunSpec
 from ._stacks import install_stacks_handler
 from ._state import RunContext, engine_state
 from ._threads import share_cores
-from ._torchrun_world import torchrun_world
+from .adapters.torchrun import torchrun_world
 from ._unreturned import unreturned_names
 
 log = logging.getLogger("phalanx")
@@ -347,25 +347,16 @@ def _seed(seed: int | None, rank: int) -> None:
 
 def _install_hooks(run: RunContext, namespace: dict, shard: tuple[str, ...]) -> None:
     from ._breakpoints import install_breakpoints
-    from ._double_split import watch_double_split
-    from ._estimators import install_estimator_sync, patch_namespace_estimators
-    from ._framework_logs import watch_framework_logs
     from ._hooks import StepHooks, attach_existing_optimizers
-    from ._lightgbm_world import watch_lightgbm
     from ._sharded import release_derived_classes
-    from ._xgboost_world import watch_xgboost
+    from .adapters import install_adapters
 
     # Every change below is written in run.patches, which _cleanup takes back, last first
     hooks = StepHooks(run)
     run.patches.on_undo(hooks.remove, "phalanx's optimizer and gradient hooks")
     hooks.install()
     attach_existing_optimizers(hooks, namespace)
-    install_estimator_sync(run)
-    patch_namespace_estimators(run, namespace)
-    run.patches.on_undo(watch_framework_logs(run), "the frameworks' logging methods")
-    run.patches.on_undo(watch_double_split(run.rank, shard, namespace), "the double-split watch")
-    run.patches.on_undo(watch_xgboost(run), "XGBoost's world")
-    run.patches.on_undo(watch_lightgbm(run), "LightGBM's world")
+    install_adapters(run, namespace, shard)  # other libraries' and frameworks' (adapters/)
     run.patches.on_undo(release_derived_classes, "torch's derived FSDP classes")
     install_breakpoints(run)  # breakpoint() pauses this rank, typed from the notebook
 

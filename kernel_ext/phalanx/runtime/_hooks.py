@@ -11,7 +11,7 @@ While a cell runs, phalanx
   average parameters, and the step is counted;
 * makes ``partial_fit`` of scikit-learn estimators (received or built by the cell) merge across
   ranks: exactly for count-based estimators, through the same strategies for gradient-trained
-  ones, with a warning for the rest (:mod:`._estimators`).
+  ones, with a warning for the rest (:mod:`.adapters.sklearn`).
 
 Ranks that run out of data early keep answering the others (:mod:`._join`).  Everything is undone
 when the cell ends.  ``wrap(model)`` gives DistributedDataParallel itself, with a comm hook
@@ -278,8 +278,8 @@ def no_sync(model: Any) -> Iterator[None]:
 
 # --- scikit-learn incremental learners --------------------------------------------------------
 
-# ``wrap()`` and the runtime use these; the merge rules live in ._estimators
-from ._estimators import is_incremental_estimator, patch_partial_fit  # noqa: E402,F401
+# ``wrap()`` and the runtime use these; the merge rules live in .adapters.sklearn
+from .adapters.sklearn import is_incremental_estimator, patch_partial_fit  # noqa: E402,F401
 
 
 # --- DDP -------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ Wire format (JSON): ``{"run", "rank", "rows": [[step, t, {name: value}]], "step"
 "final"}``, plus ``"memory": [samples]`` when the engine's memory was sampled since the last batch
 (about once a second, by the same thread: see ``_memory.py``) and ``"memory_peak"`` on the final
 batch, and ``"total"`` once, when a framework said how many optimizer steps the run will take
-(see ``_framework_logs.py``).  JSON rather than pickle: the kernel never unpickles what arrives
+(see ``adapters/framework_logs.py``).  JSON rather than pickle: the kernel never unpickles what arrives
 on a socket.
 
 Across hosts the kernel's receiver is a CurveZMQ server: the run's spec brings its public key and

@@ -19,7 +19,7 @@ import warnings
 from typing import Any, Iterable
 
 from ._device_rule import foreign_device_message, own_gpu_index
-from ._torchrun_world import torchrun_env
+from .adapters.torchrun import torchrun_env
 
 __all__ = ["use_own_gpu", "check_training_device", "ForeignDeviceError", "LocalRankDeviceWarning"]
 

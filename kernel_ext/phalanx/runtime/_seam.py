@@ -23,6 +23,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from ._group import GroupSpec
 from ._options import TrainOptions
@@ -80,9 +81,14 @@ class RunSpec:
     kept: tuple[str, ...] = ()         # names this engine keeps from earlier runs (``--keep``)
     checkpoint: CheckpointSpec | None = None
     memory_interval_s: float = 1.0     # memory samples this often (0: off)
-    # XGBoost's communicator for this attempt ((name, value) pairs: the kernel's tracker, the
-    # collective timeout); empty when the cell does not use xgboost (see _xgboost_world)
-    xgboost: tuple[tuple[str, str | int], ...] = ()
+    # What an adapter's kernel side sends its engine side for this attempt, by adapter name
+    # (XGBoost's: its communicator's tracker and timeout, see adapters/xgboost.py); the seam
+    # names no library
+    adapter_data: tuple[tuple[str, Any], ...] = ()
+
+    def data_for(self, adapter: str, default: Any = None) -> Any:
+        """What the kernel sent the adapter called ``adapter`` (``default`` if nothing)."""
+        return dict(self.adapter_data).get(adapter, default)
 
 
 class Outcome(enum.Enum):

@@ -32,7 +32,8 @@ import math
 from typing import Any, Callable
 
 from ._import_watch import when_loaded
-from ._metrics import to_number
+from .._metrics import to_number
+from . import Adapter
 
 # Hugging Face's end-of-training summary (``speed_metrics``, ``total_flos``): one value each, which
 # would only add empty curves; the run view shows the run's own timing.
@@ -153,3 +154,7 @@ def watch_framework_logs(run: Any) -> Callable[[], None]:
     logs = _FrameworkLogs(run)
     logs.start()
     return logs.stop
+
+
+ADAPTER = Adapter("framework logs", "the frameworks' logging methods",
+                  lambda run, namespace, shard: watch_framework_logs(run))

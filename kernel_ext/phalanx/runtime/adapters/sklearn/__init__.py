@@ -46,6 +46,9 @@ Example (inside ``%%distributed_fit --shard X,y``)::
     # every rank's nb is the model one process learns from all of X
 """
 
+from typing import Any
+
+from .. import Adapter
 from ._choose import merge_rule
 from ._estimator_sync import EstimatorAveragingWarning, EstimatorSyncError
 from ._fitted import fitted_state, is_incremental_estimator
@@ -55,3 +58,14 @@ from ._patch import _Patched as _Patched
 __all__ = ["EstimatorAveragingWarning", "EstimatorSyncError", "fitted_state", "merge_rule",
            "is_incremental_estimator", "patch_partial_fit", "patch_namespace_estimators",
            "install_estimator_sync"]
+
+
+
+
+def _install(run: Any, namespace: dict, shard: Any) -> None:
+    # its undo is in run.patches already (install_estimator_sync writes it there)
+    install_estimator_sync(run)
+    patch_namespace_estimators(run, namespace)
+
+
+ADAPTER = Adapter("scikit-learn", "scikit-learn's partial_fit", _install)

@@ -4,7 +4,7 @@ For the length of a run, XGBoost's ``train`` (``xgboost.train``, ``xgboost.train
 the one the scikit-learn estimators call) and ``QuantileDMatrix`` (whose quantile sketch must be
 the same on every rank) get a thin wrapper.  At the first call on the cell's thread, the rank
 joins XGBoost's own communicator (``xgboost.collective.CommunicatorContext``) through the
-tracker the kernel started for the attempt (``RunSpec.xgboost``; see
+tracker the kernel started for the attempt (``RunSpec.data_for("xgboost")``; see
 :mod:`phalanx.fit._xgboost_tracker`), as its own rank (a task id that sorts by rank); it leaves it
 at the run's end, whatever happened.  XGBoost then allreduces its histograms and evaluation
 metrics itself: every rank ends with the same booster, which a cheap fingerprint in one
@@ -45,7 +45,8 @@ from typing import Any, Callable
 
 from ._import_watch import when_loaded
 from ._library_patches import patch_everywhere, take_back_patches, unpatched
-from ._metrics import to_number
+from .._metrics import to_number
+from . import Adapter
 
 log = logging.getLogger("phalanx")
 
@@ -59,8 +60,8 @@ class _XGBoostWorld:
 
     def __init__(self, run: Any) -> None:
         self.run = run
-        spec = getattr(run, "spec", None)
-        self.args = dict(getattr(spec, "xgboost", ()) or ())
+        data_for = getattr(getattr(run, "spec", None), "data_for", None)
+        self.args = dict(data_for("xgboost", ()) if data_for is not None else ())
         self.thread = threading.get_ident()  # the cell's: XGBoost's communicator is per thread
         self.active = True
         self.context: Any = None
@@ -265,3 +266,6 @@ def watch_xgboost(run: Any) -> Callable[[], None]:
     world = _XGBoostWorld(run)
     world.start()
     return world.stop
+
+
+ADAPTER = Adapter("xgboost", "XGBoost's world", lambda run, namespace, shard: watch_xgboost(run))

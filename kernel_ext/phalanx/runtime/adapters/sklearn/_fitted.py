@@ -78,7 +78,7 @@ _SGD_AVERAGE = ("_average_coef", "_average_intercept", "_standard_coef", "_stand
 def _unique(arrays: Sequence[Any]) -> list[Any]:
     """Drop arrays viewing memory already listed (``coef_`` is often a view of another one):
     a strategy must see each parameter once."""
-    from ..transport._shm_layout import distinct
+    from ...transport._shm_layout import distinct
 
     return distinct(list(arrays))
 

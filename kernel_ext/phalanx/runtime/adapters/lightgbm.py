@@ -12,7 +12,7 @@ scikit-learn estimators call) gets a thin wrapper that, on the cell's thread:
   ``--shard`` is its partition), ``tree_learner="data"`` unless the cell chose a parallel
   learner itself, and ``time_out`` from the run's ``--collective-timeout``;
 - counts boosting rounds as the run's steps and what LightGBM evaluates per round
-  (``valid_sets=``) as the rank's metric rows, like XGBoost's (see :mod:`._xgboost_world`);
+  (``valid_sets=``) as the rank's metric rows, like XGBoost's (see :mod:`.xgboost`);
 - checks that every rank ended with the same model (one digest, compared across ranks);
 - frees LightGBM's network when ``train`` returns or raises: nothing of the run stays listening.
 
@@ -41,7 +41,8 @@ from typing import Any, Callable
 
 from ._import_watch import when_loaded
 from ._library_patches import patch_everywhere, take_back_patches
-from ._metrics import to_number
+from .._metrics import to_number
+from . import Adapter
 
 # (module, attribute) of each reference to LightGBM's ``train`` that a cell reaches
 _TRAIN = (("lightgbm.engine", "train"), ("lightgbm", "train"), ("lightgbm.sklearn", "train"))
@@ -97,7 +98,7 @@ class _LightGBMWorld:
 
     def network_params(self, params: dict) -> dict:
         """``machines`` and the rest of LightGBM's network parameters for this rank."""
-        from ._resume import allgather_bytes
+        from .._resume import allgather_bytes
 
         run = self.run
         port = _free_port()
@@ -181,7 +182,7 @@ def _rounds_callback(run: Any, rounds: int) -> Callable[[Any], None]:
 
 def _check_same(run: Any, model: str) -> None:
     """Every rank must hold the same model: their digests, compared across ranks."""
-    from ._resume import allgather_bytes
+    from .._resume import allgather_bytes
 
     digest = hashlib.sha256(model.encode()).digest()
     digests, _ = allgather_bytes(run.collectives, digest, run.rank, run.world_size)
@@ -196,3 +197,6 @@ def watch_lightgbm(run: Any) -> Callable[[], None]:
     world = _LightGBMWorld(run)
     world.start()
     return world.stop
+
+
+ADAPTER = Adapter("lightgbm", "LightGBM's world", lambda run, namespace, shard: watch_lightgbm(run))

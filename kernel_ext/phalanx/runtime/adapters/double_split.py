@@ -23,7 +23,8 @@ import warnings
 from typing import Any, Callable, Iterable
 
 from ._import_watch import when_loaded
-from ._seam import CELL_FILENAME
+from .._seam import CELL_FILENAME
+from . import Adapter
 
 __all__ = ["DoubleSplitWarning", "watch_double_split"]
 
@@ -182,3 +183,7 @@ def watch_double_split(rank: int, shard_names: Iterable[str], namespace: dict) -
     watch.undo.append(when_loaded("torch.utils.data.distributed", on_samplers))
     watch.undo.append(when_loaded("accelerate.accelerator", on_accelerate))
     return watch.stop
+
+
+ADAPTER = Adapter("double split", "the double-split watch",
+                  lambda run, namespace, shard: watch_double_split(run.rank, shard, namespace))

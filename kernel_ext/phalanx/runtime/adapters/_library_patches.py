@@ -1,6 +1,6 @@
 """Patches of a library's functions installed for one run, and taken back at its end.
 
-A run's world (LightGBM's, XGBoost's: see :mod:`._lightgbm_world`, :mod:`._xgboost_world`) puts
+A run's world (LightGBM's, XGBoost's: see :mod:`.lightgbm`, :mod:`.xgboost`) puts
 a wrapper of ours in every module a cell may take the library's function from, for the length of
 the run.  Each wrapper is marked (``_phalanx_world``) and keeps what it wraps in ``__wrapped__``
 (``functools.wraps``), so that a patch of ours is never kept, nor restored, as if it were the
