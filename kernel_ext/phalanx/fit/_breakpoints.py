@@ -35,9 +35,11 @@ class PausedRanks:
 
     def __init__(self, cluster: Any, slots: list, ars: list,
                  read: Callable[[str], str] | None = None,
-                 write: Callable[[str], None] = print) -> None:
+                 write: Callable[[str], None] = print,
+                 on_pause: Callable[[int, dict | None], None] | None = None) -> None:
         self.cluster, self.slots, self.ars = cluster, slots, ars
         self.read, self.write = read, write
+        self.on_pause = on_pause  # told when a rank's debugger opens (its pause) and closes (None)
         self.seen: dict[int, int] = {}  # rank -> the last stop served
 
     def serve(self, pending: set[int]) -> None:
@@ -50,6 +52,8 @@ class PausedRanks:
     def _debug(self, rank: int, pause: dict) -> None:
         others = [s.engine_id for r, s in enumerate(self.slots) if r != rank]
         ask_engines(self.cluster, others, HOLD_REQUEST, {"hold": True}, HOLD_ANSWER_S)
+        if self.on_pause is not None:
+            self.on_pause(rank, pause)
         try:
             step = f", step {pause['step']}" if pause.get("step") else ""
             self.write(f"phalanx: rank {rank} paused at line {pause['line']} of the cell{step}: "
@@ -70,6 +74,8 @@ class PausedRanks:
                 text, done = self._send(rank, self._read_line())
         finally:
             ask_engines(self.cluster, others, HOLD_REQUEST, {"hold": False}, HOLD_ANSWER_S)
+            if self.on_pause is not None:
+                self.on_pause(rank, None)
 
     def _read_line(self) -> str:
         try:

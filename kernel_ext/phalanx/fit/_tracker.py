@@ -53,6 +53,7 @@ class RunTracker:
         # Ranks whose first batch arrived: their metric sender is up, so they have their group
         # and run the cell (the views say which ones a run still waits for).
         self.heard: set[int] = set()
+        self.paused: dict[int, dict] = {}  # rank -> where it stopped at a breakpoint (line, source)
         self._batches = 0  # batches arrived: wait_final's "still coming" signal
         self.warnings: list[str] = []
         self.started = time.time()
@@ -132,9 +133,21 @@ class RunTracker:
                 self._arrived.wait(left)
         return True
 
+    def set_paused(self, rank: int, pause: dict | None) -> None:
+        """``rank`` stopped at a breakpoint (``pause``: its line and source) or went on (None);
+        the views hear it with the next progress event, sent at the next publish."""
+        with self._lock:
+            if pause is None:
+                self.paused.pop(rank, None)
+            else:
+                self.paused[rank] = {"line": pause.get("line"), "source": pause.get("source")}
+        with self._publish_lock:
+            self._progress_sent = (-1, float("-inf"))
+
     def progress_rows(self) -> list[dict]:
         with self._lock:
             steps = dict(self.steps)
+            paused = dict(self.paused)
             rates = {r: m.rate() for r, m in self._meters.items()}
             first = self._first_step_at
             heard = set(self.heard)
@@ -145,7 +158,7 @@ class RunTracker:
         return [{"rank": r, "step": s, "total": total, "steps_per_s": rates.get(r),
                  "eta_s": eta_seconds(s, total, rates.get(r)),
                  "metrics": self.history.latest(r), "straggler": r in lagging,
-                 "started": r in heard}
+                 "started": r in heard, "paused": paused.get(r)}
                 for r, s in sorted(steps.items())]
 
     def publish(self) -> int:

@@ -49,7 +49,8 @@ class Waiter:
         self.cluster, self.slots, self.ars, self.tracker, self.opts = cluster, slots, ars, tracker, opts
         self.pump = pump or (lambda: None)  # serves the kernel's requests; may raise a stop
         self.output = OutputStreamer(ars)
-        self.paused = PausedRanks(cluster, slots, ars)
+        self.paused = PausedRanks(cluster, slots, ars,  # the views say which rank is paused
+                                  on_pause=lambda rank, pause: tracker.set_paused(rank, pause))
         self.released_at: float | None = None
         self.stalled: set[int] = set()   # ranks that kept their peers waiting
         self.stopped: set[int] = set()   # ... and were found stopped (SIGSTOP): killed

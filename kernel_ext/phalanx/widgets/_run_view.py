@@ -308,6 +308,9 @@ class RunView:
             else fmt_duration(self._clock() - self._started)
         parts = [f"<b>{html.escape(self.name)}</b>", html.escape(self._status), elapsed,
                  f"{self.world_size} rank(s)"]
+        if self._status == "running":  # a rank stopped at breakpoint(), its debugger in the cell
+            parts += [f"<b>rank {r['rank']} paused at line {r['paused']['line']} (breakpoint)</b>"
+                      for r in self._ranks if r.get("paused")]
         phase = self._phase()
         if phase is not None:
             parts.append(f"<i>{html.escape(phase)}</i>")
