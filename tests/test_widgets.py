@@ -1,4 +1,4 @@
-"""Notebook views, pure logic with fakes (fast): throttling and the CPU budget, per-rank series
+"""Notebook views, pure logic with fakes (fast): throttling, per-rank series
 and their mean, progress text, the run summary, the engine table, and where widgets can be drawn."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from phalanx.widgets import RunSummary, TextProgress, widgets_available
 from phalanx.widgets._cluster_table import merge_rows, table_html
 from phalanx.widgets._format import bar_range, overall, progress_line, rank_text
 from phalanx.widgets._series import MEAN, SeriesBuilder, full_series
-from phalanx.widgets._throttle import CpuBudget, Throttle
+from phalanx.widgets._throttle import Throttle
 from widget_fakes import FakeClock, fake_record, rank_progress, rows
 
 
@@ -26,22 +26,6 @@ def test_throttle_allows_one_update_per_interval():
         clock.now = tick / 100
         seen.append(throttle.ready())
     assert sum(seen) == 10 and seen[0]
-
-
-def test_cpu_budget_spaces_costly_updates_and_refills():
-    clock = FakeClock()
-    budget = CpuBudget(share=0.02, burst_s=0.1, min_interval_s=0.1, clock=clock)
-    allowed = []
-    for tick in range(100):          # 10 s of chances, every update costing 10 ms of CPU
-        clock.now = tick / 10
-        if budget.ready():
-            allowed.append(clock.now)
-            budget.spend(0.010)
-    # 2% of a core pays for 10 ms every 0.5 s, after the 100 ms burst is spent
-    assert 25 <= len(allowed) <= 32, len(allowed)
-    assert allowed[:3] == [0.0, 0.1, 0.2]
-    clock.now = 100.0
-    assert budget.ready()             # a full bucket again, never more than the burst
 
 
 def test_series_split_per_rank_with_the_mean_of_settled_steps():

@@ -5,12 +5,13 @@ A :class:`RunView` is a bus subscriber: :meth:`RunView.handle` takes this run's 
 updates the widgets.  Metric rows are turned into points to append (never a redraw), so the cost
 of an update follows what arrived, not the length of the run.
 
-The kernel shares the machine with the engines, so the view's updates keep to a CPU budget
-(:class:`~phalanx.widgets._throttle.CpuBudget`, 0.5% of one core): rows are split into points
-as they arrive (about 1 us a row, outside the budget), and the chart is updated with
-everything new when the budget allows, at most ~10 times a second.  Under heavy logging the
-chart updates less often; no row is dropped, and :meth:`RunView.finish` draws the rest.  The
-header and the per-rank counters never wait longer than a second for it.
+The kernel shares the machine with the engines.  The view keeps up by sending less, not by
+skipping updates: rows are split into points as they arrive (about 1 us a row), and every
+:data:`LIVE_INTERVAL_S` the header, the counters and the chart are updated with everything
+new, the chart's lines downsampled as they grow (:class:`~phalanx.widgets._plot.Line`: each
+update streams only the few points that changed, whatever the run's length).  A fixed CPU
+budget (0.5% of a core) made the chart wait for seconds on a busy machine, its curve frozen
+while the bars and the panel's chart went on.
 
 Example::
 
@@ -34,20 +35,12 @@ from ._plot import MAX_POINTS, WAITING_HTML, LivePlot
 from ._progress import ProgressPanel
 from ._series import Points, SeriesBuilder, merge
 from ._summary import summary_curves_class
-from ._throttle import CpuBudget
+from ._throttle import Throttle
 
-# Of one core, on average, for this view's updates: on a machine the engines saturate (the
-# benchmark's 2 cores, 2 CPU engines) this bounds what the live view costs training.  An update
-# of a few hundred rows takes ~1 ms, so light logging still gets ~10 updates/s; heavy logging
-# gets fewer, larger ones.
-CPU_SHARE = 0.005
-CPU_BURST_S = 0.03      # a first metric's relabel passes; a new one's figures (~0.1 s) pause ~15 s
-UPDATE_INTERVAL_S = 0.1
-# The header (elapsed time, steps/s) and the per-rank counters are updated at least this often
-# whatever the budget says: only the chart waits for it.  A view whose counters stood still for
-# seconds while the panel beside it counted on looked like a hung run.  They cost ~1 ms for 8
-# ranks (a few widget properties each), a fraction of the chart's updates.
-COUNTERS_INTERVAL_S = 1.0
+# How often the view shows what arrived (header, counters, chart), whatever the load: the cell's
+# chart is then at most this far behind the panel's.  An update costs ~1-2 ms (the new points'
+# few values, a few widget properties): under 0.5% of a core.
+LIVE_INTERVAL_S = 0.5
 # A plot not built before the run is built once the run has trained this long: a run that ends
 # sooner shows its curves in the summary only (the plot would cost more than the run).
 PLOT_AFTER_S = 2.0
@@ -109,14 +102,13 @@ class RunView:
         self.widget = w.VBox([w.HBox([self.header, self.stop_button]), self.progress.widget,
                               self.plot.model if self.plot is not None else self._placeholder])
         self.rows_seen = 0
-        self.cpu_s = 0.0  # CPU time the live updates took (what the budget bounds)
+        self.cpu_s = 0.0  # CPU time the live updates took
         self._clock, self._started = clock, clock()
         self._ranks: list[Mapping[str, Any]] = []
         self._status, self._wall = "running", None
         self._inbox: list[Mapping[str, Any]] = []
         self._points: Points = {}  # split from arrived rows, waiting to be streamed
-        self._budget = CpuBudget(CPU_SHARE, CPU_BURST_S, UPDATE_INTERVAL_S, clock)
-        self._counted = clock()  # when the counters were last shown
+        self._due = Throttle(LIVE_INTERVAL_S, clock)
         self._lock = threading.Lock()
         self._show_header()
         if plot_ahead and build_with is not None:  # right after the view is on the page
@@ -138,7 +130,7 @@ class RunView:
             self._on_stop()
 
     def handle(self, event: Mapping[str, Any]) -> None:
-        """Bus subscriber: take this run's events, update the widgets when the budget allows."""
+        """Bus subscriber: take this run's events; every LIVE_INTERVAL_S, show them."""
         if event.get("run") != self.run_id:
             return
         with self._lock:
@@ -150,22 +142,10 @@ class RunView:
                 merge(self._points, self.series.add(event["rows"]))
             else:
                 self._inbox.append(event)
-            split = time.thread_time()
-            built = self.build_cpu_s
             # The tracker sends metrics then progress each time: update on the progress event.
-            if event.get("type") != "metrics":
-                if self._budget.ready():
-                    self._apply()
-                elif self._clock() - self._counted >= COUNTERS_INTERVAL_S:
-                    self._apply(chart=False)  # the chart's points wait for the budget
-            done = time.thread_time()
-            # The budget paces what it can defer, the widget updates.  Rows are split as they
-            # come whatever it says; charged for that too, the view of a run logging faster
-            # than about 5,000 rows a second stayed in debt, blank, until the run ended.  The
-            # plot's one-off build is not charged (built ahead, it never was): its ~0.25 s
-            # would freeze the view for ~50 s at this share.
-            self._budget.spend(done - split - (self.build_cpu_s - built))
-            self.cpu_s += done - started
+            if event.get("type") != "metrics" and self._due.ready():
+                self._apply()
+            self.cpu_s += time.thread_time() - started
 
     def drain(self) -> None:
         """Apply every queued event now (tests, and the end of a run)."""
@@ -235,10 +215,7 @@ class RunView:
                 and self._clock() - self._started >= PLOT_AFTER_S)
 
     def _build_plot(self) -> None:
-        """Build the plot in the placeholder's place and draw every point so far (lock held).
-
-        Not charged to the budget: the build (~0.25 s of CPU) and the first points' figures
-        would freeze the progress bars for a minute at the view's share."""
+        """Build the plot in the placeholder's place and draw every point so far (lock held)."""
         if self.plot is not None or self._over:
             return
         started = time.thread_time()
@@ -267,7 +244,6 @@ class RunView:
 
     def _apply(self, chart: bool = True) -> None:
         events, self._inbox = self._inbox, []
-        self._counted = self._clock()
         drawn = False
         if chart and self._plot_due():
             if self._build_with is None:
