@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 from conftest import run_cell
 from phalanx.runtime._patch_ledger import PatchLedger
+from phalanx.runtime._plugins import PluginError
 from phalanx.runtime.adapters import Adapter, AdapterError, install_adapters, register
 
 STANDIN_LIBRARY = '''
@@ -40,12 +41,13 @@ ADAPTER = Adapter("toy", "standin_lib.train_step", _install)
 '''
 
 
-def _distribution(root, name: str, entry_point: str) -> None:
-    """A module installed as a distribution with one ``phalanx.adapters`` entry point."""
+def _distribution(root, name: str, *entry_points: str, group: str = "phalanx.adapters") -> None:
+    """A module installed as a distribution with entry points (``name = module:object``) in
+    one of phalanx's groups."""
     info = root / f"{name}-1.0.dist-info"
     info.mkdir()
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text(f"[phalanx.adapters]\n{entry_point}\n")
+    (info / "entry_points.txt").write_text(f"[{group}]\n" + "\n".join(entry_points) + "\n")
 
 
 @pytest.fixture
@@ -92,10 +94,10 @@ def test_an_entry_point_that_is_not_an_adapter_is_named(tmp_path, monkeypatch):
     (tmp_path / "not_an_adapter.py").write_text("ADAPTER = 'oops'\n")
     _distribution(tmp_path, "not_an_adapter", "broken = not_an_adapter:ADAPTER")
     monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(AdapterError, match=r"entry point 'broken' of group 'phalanx.adapters' "
-                                           r"names not_an_adapter:ADAPTER, which is not a "
-                                           r"phalanx Adapter"):
-        adapters._load_entry_points()
+    with pytest.raises(PluginError, match=r"entry point 'broken' of group 'phalanx.adapters' "
+                                          r"names not_an_adapter:ADAPTER, which is not a "
+                                          r"phalanx Adapter; fix or uninstall the package"):
+        adapters.registered()
 
 
 class _Run:
@@ -107,7 +109,7 @@ def test_a_registered_adapter_runs_after_phalanx_own_and_one_that_raises_is_name
     from phalanx.runtime import adapters
 
     monkeypatch.setattr(adapters, "_added", [])
-    monkeypatch.setattr(adapters, "_plugins", [[]])
+    monkeypatch.setattr(adapters, "_entry_point_adapters", list)
     assert [a.name for a in adapters.registered()] == [
         "scikit-learn", "framework logs", "double split", "xgboost", "lightgbm"]
     monkeypatch.setattr(adapters, "_BUILTIN", ())  # this pretend run has none of their state

@@ -82,7 +82,7 @@ class ControllerStarter:
         # no cluster file: ipyparallel's JupyterLab sidebar lists (and its server watches, logging
         # every engine's whole output at exit) the clusters whose files it finds in the profiles
         kwargs: dict[str, Any] = dict(
-            engines=launcher.name, delay=0, engine_timeout=int(state.timeout),
+            engines=launcher.ipyparallel_engines, delay=0, engine_timeout=int(state.timeout),
             controller_args=list(CONTROLLER_ARGS) + NO_TASK_DATABASE, shutdown_atexit=True,
             log=quiet_logger(), parent=None, cluster_file="")
         if profile and os.sep in profile:  # a profile's folder rather than its name

@@ -54,6 +54,14 @@ class Launcher:
         self.profile_config: Any = None  # the ipyparallel profile's config, once loaded
         self.profile_dir: Any = None     # ... and its folder
 
+    @property
+    def ipyparallel_engines(self) -> str:
+        """The name of ipyparallel's engine-set launcher this one drives: phalanx's own share
+        their names with ipyparallel's; one another package adds (a subclass) drives its
+        nearest phalanx base's."""
+        own = next(c for c in type(self).__mro__ if c.__module__.startswith("phalanx.cluster."))
+        return str(own.__dict__.get("name", "local"))
+
     def default_count(self) -> int | None:
         """How many engines ``%cluster start`` without ``-n`` means (``None``: the usual)."""
         return None

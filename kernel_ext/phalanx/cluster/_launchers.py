@@ -55,7 +55,8 @@ class MpiLauncher(Launcher):
         return {**super().engine_kwargs(set_id, count, environment), "mpi_cmd": [find_mpiexec()]}
 
 
-# --launcher NAME -> its class
+# --launcher NAME -> its class: phalanx's own; another package adds one with an entry point of
+# the phalanx.launchers group naming its Launcher subclass (see runtime/_plugins.py)
 _KINDS: dict[str, type[Launcher]] = {
     kind.name: kind
     for kind in (Launcher, MpiLauncher, SshLauncher, SlurmLauncher, PbsLauncher, LsfLauncher)}
@@ -71,9 +72,19 @@ def make_launcher(name: str, options: LaunchOptions) -> Launcher:
         'mpi'
     """
     key = (name or "").strip().lower()
-    if key not in _KINDS:
-        raise ClusterError(f"unknown launcher {name!r}: choose one of {', '.join(LAUNCHERS)}")
-    return _KINDS[key](options)
+    if key in _KINDS:
+        return _KINDS[key](options)
+    from ..runtime import _plugins
+
+    installed = _plugins.installed(_plugins.LAUNCHERS)  # other packages' (entry points)
+    if key not in installed:
+        raise ClusterError(f"unknown launcher {name!r}: choose one of "
+                           f"{', '.join([*LAUNCHERS, *installed])}")
+    try:
+        kind = _plugins.load(_plugins.LAUNCHERS, key, Launcher, as_class=True)
+    except _plugins.PluginError as exc:
+        raise ClusterError(f"launcher {name!r}: {exc}") from exc
+    return kind(options)
 
 
 def log_tail(text: str, lines: int = 20) -> str:

@@ -31,21 +31,21 @@ from ._suggest import did_you_mean
 
 _MAIN = "__main__."
 _WHAT_TO_DO = ("pass the name of a class defined as `class MySync(SyncStrategy): ...` "
-               "(from phalanx import SyncStrategy), a built-in name ({builtins}) or the dotted "
+               "(from phalanx import SyncStrategy), a built-in or installed name ({builtins}) or the dotted "
                "name of an installed class (pkg.mod.Class)")
 
 
 def notebook_strategy(sync: str, user_ns: Mapping[str, Any]) -> str | None:
     """The notebook name to ship for ``--sync sync``, or ``None`` when the engines resolve it
     themselves (a built-in name or an installed class); a clear ``FitUsageError`` otherwise."""
-    if sync in STRATEGIES:
+    if sync in STRATEGIES or sync in _installed():  # the engines build it by its name
         return None
     # `__main__.X` is how a notebook class names itself: it is the notebook's X.
     name = sync[len(_MAIN):] if sync.startswith(_MAIN) else sync
     if "." in name:
         return None
     if name not in user_ns:
-        hint = did_you_mean(name, [*STRATEGIES, *_notebook_strategies(user_ns)])
+        hint = did_you_mean(name, [*STRATEGIES, *_installed(), *_notebook_strategies(user_ns)])
         raise FitUsageError(f"unknown --sync {sync!r}" + (f" ({hint})" if hint else "")
                             + f": it is not a built-in strategy and the notebook defines no "
                             f"{name!r}; " + _todo())
@@ -102,5 +102,12 @@ def _article(word: str) -> str:
     return ("an " if word[:1].lower() in "aeiou" else "a ") + word
 
 
+def _installed() -> list[str]:
+    """The --sync names other packages installed (``phalanx.strategies`` entry points)."""
+    from ..runtime import _plugins
+
+    return list(_plugins.installed(_plugins.STRATEGIES))
+
+
 def _todo() -> str:
-    return _WHAT_TO_DO.format(builtins=", ".join(STRATEGIES))
+    return _WHAT_TO_DO.format(builtins=", ".join([*STRATEGIES, *_installed()]))

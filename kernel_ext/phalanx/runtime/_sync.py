@@ -276,8 +276,18 @@ class NoSync(SyncStrategy):
         pass
 
 
+# phalanx's own, by --sync name (the kernel knows the names from _options.STRATEGIES, without
+# importing these classes; tests/test_plugins.py holds the two lists together)
 STRATEGIES: dict[str, type[SyncStrategy]] = {
     cls.name: cls for cls in (AllreduceSync, LocalSGD, EASGD, NoSync)}
+
+
+def strategy_names() -> list[str]:
+    """Every --sync name: phalanx's own, then those other packages installed (entry points of
+    ``phalanx.strategies``)."""
+    from . import _plugins
+
+    return [*STRATEGIES, *_plugins.installed(_plugins.STRATEGIES)]
 
 
 def make_strategy(spec: str | type, comm: Communicator, **params: Any) -> SyncStrategy:
@@ -308,10 +318,15 @@ def _resolve(spec: Any) -> Any:
         raise ValueError(f"sync strategy must be a name or a dotted class path, got {spec!r}")
     if spec in STRATEGIES:
         return STRATEGIES[spec]
+    from . import _plugins
+
+    if spec in _plugins.installed(_plugins.STRATEGIES):  # another package's, by its name
+        return _plugins.load(_plugins.STRATEGIES, spec, SyncStrategy, as_class=True)
     module_name, _, attr = spec.rpartition(".")
     if not module_name:
         raise ValueError(f"unknown sync strategy {spec!r}; expected one of "
-                         f"{', '.join(STRATEGIES)} or a dotted name like 'pkg.mod.MyStrategy'")
+                         f"{', '.join(strategy_names())} or a dotted name like "
+                         "'pkg.mod.MyStrategy'")
     try:
         # import_module, not a sys.modules lookup: a module another thread is still importing
         # sits in sys.modules half-initialised; import_module waits for it

@@ -14,8 +14,8 @@ patch ledger, :mod:`.._patch_ledger`) or returns one undo, and may contribute me
 (``phalanx.log`` from the code it wraps, or ``run.metrics``).  Every registered adapter is
 installed as a run starts, in order, and the ledger takes their changes back, last first, when
 the run ends however it ends.  phalanx's own are listed here; another package adds one with an
-entry point in the ``phalanx.adapters`` group naming its ``Adapter`` (looked up by an engine
-at its first run), or by calling :func:`register` on the engines.
+entry point in the ``phalanx.adapters`` group naming its ``Adapter`` (see :mod:`.._plugins`),
+or by calling :func:`register` on the engines.
 
 May import: the runtime's own modules and its transport; nothing of the kernel's side.
 """
@@ -25,8 +25,6 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
-
-ENTRY_POINT_GROUP = "phalanx.adapters"
 
 Install = Callable[[Any, dict, Sequence[str]], "Callable[[], None] | None"]
 
@@ -43,9 +41,6 @@ class Adapter:
 # phalanx's own, in the order they are installed: module, then its ADAPTER
 _BUILTIN = (".sklearn", ".framework_logs", ".double_split", ".xgboost", ".lightgbm")
 _added: list[Adapter] = []
-# Entry points are looked up once a process, at its first run: the scan of every installed
-# distribution took 17 ms warm, 170 ms cold on a busy 2-core machine (measured)
-_plugins: list[list[Adapter]] = []
 
 
 def register(adapter: Adapter) -> None:
@@ -80,20 +75,7 @@ class AdapterError(RuntimeError):
 
 
 def _entry_point_adapters() -> list[Adapter]:
-    if not _plugins:
-        _plugins.append(_load_entry_points())
-    return _plugins[0]
+    from .. import _plugins
 
-
-def _load_entry_points() -> list[Adapter]:
-    from importlib.metadata import entry_points
-
-    out = []
-    for point in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda p: p.name):
-        adapter = point.load()
-        if not isinstance(adapter, Adapter):
-            raise AdapterError(f"entry point {point.name!r} of group {ENTRY_POINT_GROUP!r} "
-                               f"names {point.value}, which is not a phalanx Adapter")
-        out.append(adapter)
-    return out
-
+    return [_plugins.load(_plugins.ADAPTERS, name, Adapter)
+            for name in _plugins.installed(_plugins.ADAPTERS)]
