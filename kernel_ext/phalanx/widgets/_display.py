@@ -106,6 +106,7 @@ class RunDisplay:
                     tracker, name, on_stop=lambda: self.session.stop_run("Stop under the cell"),
                     plot_ahead=self.plot_ahead, build_with=self._build_plot_with)
                 if self.line is not None:
+                    view.keep_plot = False  # the summary replaces it (show_summary)
                     self.line.replace_with(view)
                 else:
                     self._show(view)
@@ -139,10 +140,20 @@ class RunDisplay:
             if summary is not None:
                 self._show_with(summary, summary.metadata)
             return
+        # The view's plot leaves the page first (while its view still reads messages), its
+        # widget models once replaced: 30 runs left 33 bokeh documents in the page.
+        view = self.view
+        if hasattr(view, "release"):
+            view.release()
         if summary is not None:
             self.line.replace_with(summary, metadata=summary.metadata)
         else:  # the run never started (a refused cell): its error says it all
             self.line.clear()
+        if hasattr(view, "close"):
+            try:
+                view.close()
+            except Exception:  # the summary is shown: a view that would not close stays
+                log.exception("phalanx: closing the live view failed")
 
     def _show_with(self, obj: Any, metadata: dict) -> None:
         if self._show is _display:

@@ -33,6 +33,20 @@ _HEIGHT = 280
 # Before the first metric row the chart's place stays empty: rows come in batches, and a hint
 # to call log() shown meanwhile told a run that logs to log (see RunView's hint timing).
 WAITING_HTML = ""
+# Run in the page when the view is replaced (bokeh's own CustomJS, on a change of the root's
+# tags): the page's BokehJS keeps every document it ever built in ``Bokeh.documents`` and every
+# root view in ``Bokeh.index``, and jupyter_bokeh releases neither when its view goes.  Nothing
+# is sent back (a cleared document would send its removed roots to a closed comm).
+RELEASE_JS = """
+const doc = cb_obj.document
+if (doc != null) {
+  if (doc.views_manager != null) doc.views_manager.clear()
+  const docs = window.Bokeh != null ? window.Bokeh.documents : null
+  const i = docs != null ? docs.indexOf(doc) : -1
+  if (i >= 0) docs.splice(i, 1)
+}
+"""
+RELEASED_TAG = "phalanx-released"
 
 
 class Line:
@@ -213,7 +227,7 @@ class LivePlot:
 
     def __init__(self, world_size: int) -> None:
         from bokeh.layouts import column
-        from bokeh.models import TabPanel, Tabs
+        from bokeh.models import CustomJS, TabPanel, Tabs
         from bokeh.models.widgets import Div
 
         from ._bokeh import BatchedBokehModel
@@ -231,7 +245,9 @@ class LivePlot:
                          sizing_mode="stretch_width")
         self._waiting = Div(text=WAITING_HTML)
         self.root = column(self._waiting, self.tabs, sizing_mode="stretch_width")
+        self.root.js_on_change("tags", CustomJS(code=RELEASE_JS))  # see release()
         self.model = BatchedBokehModel(self.root)
+        self.released = False
 
     def extend(self, points: Points) -> None:
         """Append new points (from :class:`~phalanx.widgets._series.SeriesBuilder`)."""
@@ -273,6 +289,24 @@ class LivePlot:
         with self._lock:
             if self.model.patched:
                 self.model.update_from_model(self.root)
+
+    def release(self) -> None:
+        """Drop the plot's document and views in the page, before its view is replaced.
+
+        Sent while the view is still on the page (a removed view reads no more messages); the
+        widget model is closed by the caller once the view is gone (:meth:`close`).
+        """
+        with self._lock:
+            if self.released:
+                return
+            self.released, self._fetch = True, None
+            self.root.tags = [RELEASED_TAG]
+
+    def close(self) -> None:
+        """Close the widget model: the page's widget manager drops it."""
+        with self._lock:
+            self.released = True
+            self.model.close()
 
     def _add_metric(self, name: str) -> None:
         from bokeh.models import TabPanel

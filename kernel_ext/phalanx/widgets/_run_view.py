@@ -101,6 +101,9 @@ class RunView:
         self._summary_drawn = False  # the live plot shows the summary's curves: hide them
         self.widget = w.VBox([w.HBox([self.header, self.stop_button]), self.progress.widget,
                               self.plot.model if self.plot is not None else self._placeholder])
+        # Whether the view stays on the page after the run (False: the summary replaces it, so
+        # the plot is neither sent again whole nor zoomable, and release() drops it).
+        self.keep_plot = True
         self.rows_seen = 0
         self.cpu_s = 0.0  # CPU time the live updates took
         self._clock, self._started = clock, clock()
@@ -183,12 +186,27 @@ class RunView:
                 self.plot.say(NOTHING_LOGGED_HTML)
             self._summary_drawn = bool(self.plot.metrics)
             self._show_header()
+            if not self.keep_plot:  # the summary takes the view's place at once
+                return
             self.plot.refresh()
             if record is not None:  # zooming in now shows every logged point of the window
                 from ..fit._digest import window_points
 
                 self.plot.zoom_from(lambda name, key, start, end:
                                     window_points(record.history, name, key, start, end, MAX_POINTS))
+
+    def release(self) -> None:
+        """Before the view is replaced: its plot's document and views leave the page."""
+        with self._lock:
+            if self.plot is not None:
+                self.plot.release()
+
+    def close(self) -> None:
+        """Once replaced: close the view's widget models, so the page's manager drops them."""
+        with self._lock:
+            if self.plot is not None:
+                self.plot.close()
+            _close_tree(self.widget)
 
     def _trained(self, record: Any) -> bool:
         steps = record.steps.values() if record is not None else (r["step"] for r in self._ranks)
@@ -322,3 +340,10 @@ class RunView:
         # What a saved notebook shows where no widget can be drawn: the summary follows it.
         bundle["text/plain"] = f"phalanx live view of {self.name} (needs a running kernel)"
         return bundle
+
+
+def _close_tree(widget: Any) -> None:
+    """Close ``widget`` and every widget under it (closing a box leaves its children open)."""
+    for child in getattr(widget, "children", ()):
+        _close_tree(child)
+    widget.close()
