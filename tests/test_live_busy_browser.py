@@ -78,7 +78,8 @@ def test_runs_in_a_row_leave_a_bounded_number_of_plot_documents(lab_server, lab_
         step("cluster up")
         documents = []
         for i in range(RUNS):
-            assert "docs-" in run_cell(page, 1 + i, timeout_ms=hang_limit(120_000))
+            said = run_cell(page, 1 + i, timeout_ms=hang_limit(120_000))
+            assert "docs-" in said and "Traceback" not in said, said
             documents.append(page.evaluate(DOCUMENTS))
         step(f"{RUNS} runs")
         plots = page.evaluate("() => window.__plots")

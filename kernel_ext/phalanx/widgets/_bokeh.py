@@ -39,7 +39,16 @@ class BatchedBokehModel(BokehModel):
         self._held: list | None = None
         self._hold_all = False
         self.patched = False  # whether the document changed since it was last rendered whole
+        self._closed = False
         super().__init__(model, **kwargs)
+
+    def close(self) -> None:
+        """Close once: jupyter_bokeh's close removes its document callback each time it is
+        called (again from ``__del__``), and the second removal raises ``KeyError``."""
+        if self._closed:
+            return
+        self._closed = True
+        super().close()
 
     def update_from_model(self, model: Any) -> None:
         """Render ``model`` anew (the whole document goes in ``render_bundle``)."""

@@ -346,4 +346,5 @@ def _close_tree(widget: Any) -> None:
     """Close ``widget`` and every widget under it (closing a box leaves its children open)."""
     for child in getattr(widget, "children", ()):
         _close_tree(child)
-    widget.close()
+    if getattr(widget, "comm", None) is not None:  # closed already (the plot's): closing again raises
+        widget.close()
