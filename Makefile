@@ -119,8 +119,8 @@ test-shuffled:
 # The suite beside two CPU burners, as on a laptop that is also doing other work: a test that
 # depends on wall-clock speed fails here.  The burners end with the target, however it ends.
 test-busy:
-	@for i in 1 2; do python3 -c "while True: pass" & done; \
-	trap 'kill $$(jobs -p) 2>/dev/null' EXIT; \
+	@burners=""; for i in 1 2; do python3 -c "while True: pass" & burners="$$burners $$!"; done; \
+	trap 'kill $$burners 2>/dev/null' EXIT INT TERM; \
 	$(MAKE) --no-print-directory test
 
 demo: setup

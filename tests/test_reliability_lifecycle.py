@@ -60,7 +60,7 @@ def test_twenty_start_run_stop_cycles_do_not_grow_the_kernel(figures):
     started = time.monotonic()
     try:
         for cycle in range(1, CYCLES + 1):
-            session.start_cluster(n=2, gpus="none")
+            session.start_cluster(n=2, gpus="none", timeout=hang_limit(60))
             ns: dict = {}
             session.distributed_fit(BODY, FitOptions.build(returns="total", widget=False), ns)
             assert ns["total"] == 2.0

@@ -172,15 +172,15 @@ def _train_and_follow(page, panel) -> None:
     assert panel.locator(".jp-Phalanx-metric").input_value() == "loss"
     assert int(panel.locator(".jp-Phalanx-chart").get_attribute("data-points")) == STEPS
     output = page.locator(".jp-Notebook .jp-Cell").nth(FIT).locator(".jp-OutputArea")
-    # the summary the saved notebook shows where no widget runs (hidden under the live view)
+    # the summary in the live view's place once the run ended: what a saved notebook shows
     summary = output.locator('img[alt="metric curves of quickstart"]')
     summary.wait_for(state="attached", timeout=hang_limit(60_000))
     assert summary.evaluate("img => img.naturalWidth") > 100
     wait_for_kernel_idle(page)
     text = output.inner_text()
-    assert "quickstart" in text and "done" in text and f"{STEPS}/{STEPS} steps" in text, text
-    assert output.locator(".widget-hprogress").count() == 2  # one bar per rank
-    assert output.locator(".bk-Canvas, canvas").count() > 0  # the live plot drew (bokeh)
+    assert "quickstart" in text and "done" in text, text
+    assert all(f"{rank}\t{STEPS}\t" in text for rank in (0, 1)), text  # each rank's steps
+    assert output.locator(".widget-hprogress").count() == 0  # the live view made way for it
     assert output.locator(".jupyter-widgets-error-widget").count() == 0
 
 

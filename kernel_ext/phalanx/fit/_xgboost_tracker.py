@@ -11,7 +11,7 @@ address (``RunSpec.adapter_data``; see :mod:`phalanx.runtime.adapters.xgboost`).
 - Ranks are XGBoost's ranks: each rank names itself by a task id that sorts by rank
   (``sortby="task"``).
 - Each rank's bootstrap and collectives have a deadline, the run's ``--collective-timeout``
-  (``dmlc_timeout``); the tracker has none of its own (a cell may prepare data for long
+  and a grace (``dmlc_timeout``); the tracker has none of its own (a cell may prepare data for long
   before it trains): it lives as long as the attempt.
 - The tracker is freed when the attempt ends, whatever happened: nothing is left listening.
 
@@ -39,6 +39,9 @@ log = logging.getLogger("phalanx")
 LOOPBACK = "127.0.0.1"
 FREE_WAIT_S = 5.0   # how long closing waits for the tracker's thread (its port closes at once)
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+# seconds XGBoost's own deadline comes after the run's (see XGBoostTracker.args)
+XGBOOST_GRACE_S = 5
 
 
 def uses_xgboost(body: str, user_ns: dict) -> bool:
@@ -88,11 +91,13 @@ class XGBoostTracker:
             raise
         # a rank's bootstrap and collectives end with an error after this long, rather than
         # waiting forever for a peer that froze or never trains (one that died closes its
-        # sockets: its peers fail at once)
+        # sockets: its peers fail at once); a few seconds after the run's own deadline, which
+        # names the rank that stalled (XGBoost's error at the same moment named the waiting
+        # one instead on a busy machine)
         self.args: tuple[tuple[str, str | int], ...] = (
             ("dmlc_tracker_uri", str(worker["dmlc_tracker_uri"])),
             ("dmlc_tracker_port", int(worker["dmlc_tracker_port"])),
-            ("dmlc_timeout", max(1, math.ceil(timeout_s))),
+            ("dmlc_timeout", max(1, math.ceil(timeout_s)) + XGBOOST_GRACE_S),
         )
 
     def close(self) -> None:
