@@ -118,10 +118,11 @@ test-shuffled:
 
 # The suite beside two CPU burners, as on a laptop that is also doing other work: a test that
 # depends on wall-clock speed fails here.  The burners end with the target, however it ends.
+# The browser test that starts burners of its own (test_live_busy_browser.py) runs only here.
 test-busy:
 	@burners=""; for i in 1 2; do python3 -c "while True: pass" & burners="$$burners $$!"; done; \
 	trap 'kill $$burners 2>/dev/null' EXIT INT TERM; \
-	$(MAKE) --no-print-directory test
+	PHALANX_TEST_BURNERS=1 $(MAKE) --no-print-directory test
 
 demo: setup
 	$(PY) notebooks/demo.py

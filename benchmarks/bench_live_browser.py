@@ -51,7 +51,8 @@ def main(argv: list[str] | None = None) -> dict:
         out = Path(tmp) / "figures.json"
         done = subprocess.run([sys.executable, "-m", "pytest", TEST, "-q", "-p", "no:randomly",
                                "-p", "no:cacheprovider"], cwd=ROOT,
-                              env={**os.environ, "PHALANX_BENCH_JSON": str(out)})
+                              env={**os.environ, "PHALANX_BENCH_JSON": str(out),
+                                   "PHALANX_TEST_BURNERS": "1"})
         if not out.exists():
             raise SystemExit(f"the browser test wrote no figures (exit {done.returncode})")
         data: dict[str, Any] = json.loads(out.read_text())
