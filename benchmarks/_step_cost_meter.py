@@ -14,22 +14,22 @@ from typing import Any, Callable
 
 # component -> (module, attribute path) of each callable that runs inside a training step
 COMPONENTS: dict[str, list[tuple[str, str]]] = {
-    "optimizer step hooks": [("phalanx.runtime._hooks", "StepHooks._before_step"),
-                             ("phalanx.runtime._hooks", "StepHooks._after_step"),
-                             ("phalanx.runtime._hooks", "StepHooks._framework_owned")],
-    "gradient hooks": [("phalanx.runtime._grad_sync", "GradientSync._on_grad"),
-                       ("phalanx.runtime._grad_sync", "GradientSync._on_forward"),
-                       ("phalanx.runtime._grad_sync", "GradientSync.check_closed"),
-                       ("phalanx.runtime._grad_sync", "GradientSync.refresh"),
-                       ("phalanx.runtime._grad_sync", "GradientSync.step_ended")],
-    "training watch": [("phalanx.runtime._training_watch", "TrainingWatch.before_backward"),
-                       ("phalanx.runtime._training_watch", "TrainingWatch._on_forward"),
-                       ("phalanx.runtime._forward_watch", "ForwardWatch._discover"),
-                       ("phalanx.runtime._forward_watch", "ForwardWatch._own")],
-    "guard": [("phalanx.runtime._hooks", "check_every_steps")],
-    "metrics and step clock": [("phalanx.runtime._metrics", "MetricsSender.set_step"),
-                               ("phalanx.runtime._timing", "StepClock.mark"),
-                               ("phalanx.runtime._timing", "StepClock.step_end")],
+    "optimizer step hooks": [("phalanx.runtime.sync._hooks", "StepHooks._before_step"),
+                             ("phalanx.runtime.sync._hooks", "StepHooks._after_step"),
+                             ("phalanx.runtime.sync._hooks", "StepHooks._framework_owned")],
+    "gradient hooks": [("phalanx.runtime.sync._grad_sync", "GradientSync._on_grad"),
+                       ("phalanx.runtime.sync._grad_sync", "GradientSync._on_forward"),
+                       ("phalanx.runtime.sync._grad_sync", "GradientSync.check_closed"),
+                       ("phalanx.runtime.sync._grad_sync", "GradientSync.refresh"),
+                       ("phalanx.runtime.sync._grad_sync", "GradientSync.step_ended")],
+    "training watch": [("phalanx.runtime.sync._training_watch", "TrainingWatch.before_backward"),
+                       ("phalanx.runtime.sync._training_watch", "TrainingWatch._on_forward"),
+                       ("phalanx.runtime.sync._forward_watch", "ForwardWatch._discover"),
+                       ("phalanx.runtime.sync._forward_watch", "ForwardWatch._own")],
+    "guard": [("phalanx.runtime.sync._hooks", "check_every_steps")],
+    "metrics and step clock": [("phalanx.runtime.telemetry._metrics", "MetricsSender.set_step"),
+                               ("phalanx.runtime.telemetry._timing", "StepClock.mark"),
+                               ("phalanx.runtime.telemetry._timing", "StepClock.step_end")],
 }
 
 _spent: dict[str, int] = {}

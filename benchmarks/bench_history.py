@@ -86,7 +86,7 @@ def memory_per_row(make, rows_total: int) -> float:
 
 
 def long_history(rows_total: int) -> dict:
-    from phalanx.fit._tracker import RunTracker
+    from phalanx.fit.telemetry._tracker import RunTracker
 
     directory = tempfile.mkdtemp(prefix="phalanx-bench-history-")
     try:
@@ -164,7 +164,7 @@ def panel_stream(per_rank_per_s: int, thinned: bool, seconds: int = 10) -> dict:
     from phalanx import _labcomm, events
     from phalanx._session import Session
     from phalanx.events import COMM_TARGET
-    from phalanx.fit._tracker import RunTracker
+    from phalanx.fit.telemetry._tracker import RunTracker
 
     directory = tempfile.mkdtemp(prefix="phalanx-bench-stream-")
     thin = _labcomm.thin_metrics
@@ -211,7 +211,7 @@ def _time(fn) -> float:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(__doc__, argv)
-    from phalanx.fit._history import MetricHistory
+    from phalanx.fit.telemetry._history import MetricHistory
 
     repeats = 3 if args.quick else 5
     total = 400_000 if args.quick else 2_000_000

@@ -10,7 +10,7 @@ the kernel (the floor under any cell that runs on the engines through ipyparalle
 
 Also: what a warm re-run spends packing and unpacking what it ships. The kernel pickles the
 shipped names (to hash them) and every engine unpickles them on every run; phalanx writes dense
-CPU tensors as raw bytes (``runtime/_tensor_pickle.py``). Pickled then unpickled, against
+CPU tensors as raw bytes (``wire/_tensor_pickle.py``). Pickled then unpickled, against
 cloudpickle (torch's own tensor pickling) on the same objects, interleaved: the one-step cell's
 MLP (270 KB) and a 100 MB linear layer.
 
@@ -62,7 +62,7 @@ def shipping_round_trips(repeats: int) -> dict:
     import torch
 
     from _models import make_mlp
-    from phalanx.runtime._tensor_pickle import dumps
+    from phalanx.wire._tensor_pickle import dumps
 
     results = {}
     for key, model, inner in (("mlp", make_mlp(), 50), ("linear_100mb", torch.nn.Linear(5000, 5000), 1)):

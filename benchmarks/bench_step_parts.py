@@ -67,7 +67,7 @@ def in_process(steps: int, pairs: int) -> dict:
 
     import torch
 
-    from phalanx.runtime._timing import StepClock
+    from phalanx.runtime.telemetry._timing import StepClock
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 1))
@@ -106,7 +106,7 @@ def clock_cost(calls: int = 200_000) -> dict:
     step makes (three marks and a step end), on vs off, best of 5 rounds."""
     import time
 
-    from phalanx.runtime._timing import StepClock
+    from phalanx.runtime.telemetry._timing import StepClock
 
     def per_step(parts_on: bool) -> float:
         clock = StepClock()

@@ -31,7 +31,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from phalanx.runtime._own_gpu import use_own_gpu
+from phalanx.runtime.run._own_gpu import use_own_gpu
 from phalanx.runtime.adapters.torchrun import TORCHRUN_VARIABLES, torchrun_env
 
 _current = {"index": 0}

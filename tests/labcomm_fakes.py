@@ -123,7 +123,7 @@ def finish_run(session: FakeSession, run: str, name: str, steps: int = 10, statu
     """A 2-rank run of ``steps`` steps logging ``loss`` as the session reports it: run_started,
     then the record of the run (a real RunRecord with its history), then run_ended."""
     from phalanx.fit import RunRecord
-    from phalanx.fit._history import MetricHistory
+    from phalanx.fit.telemetry._history import MetricHistory
 
     session.events.emit(events.run_started(run, 2, steps, "allreduce", name=name))
     history = MetricHistory()

@@ -1,6 +1,6 @@
 """A user strategy for tests/test_loops.py, importable on the engines by its dotted name."""
 
-from phalanx.runtime._sync import SyncStrategy
+from phalanx.runtime.sync._strategies import SyncStrategy
 
 
 class HalfStepAllreduce(SyncStrategy):

@@ -94,7 +94,7 @@ def tcpstore_attempts(ip: str, port: int) -> dict:
 
 def curve_attempts(ip: str, port: int, server_public: str) -> dict:
     """A CURVE client that knows the server's public key but has its own client key."""
-    from phalanx.runtime._store_client import CurveStore
+    from phalanx.runtime.run._store_client import CurveStore
 
     public, secret = zmq.curve_keypair()
     store = CurveStore(ip, port, server_public, public.decode(), secret.decode(),

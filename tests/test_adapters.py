@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 from conftest import run_cell
-from phalanx.runtime._patch_ledger import PatchLedger
-from phalanx.runtime._plugins import PluginError
+from phalanx.runtime.run._patch_ledger import PatchLedger
+from phalanx.wire._plugins import PluginError
 from phalanx.runtime.adapters import Adapter, AdapterError, install_adapters, register
 
 STANDIN_LIBRARY = '''

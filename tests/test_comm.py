@@ -191,20 +191,21 @@ def test_backoff_expires():
     assert b.nap > 10e-6
 
 
-@pytest.mark.parametrize("module", ["transport._comm", "transport._comm_util",
-                                    "transport._shm_layout", "transport._shm_segment",
-                                    "transport._shm_futex", "_threads", "_options",
-                                    "_fit_mode"])
+@pytest.mark.parametrize("module", ["runtime.transport._comm", "runtime.transport._comm_util",
+                                    "runtime.transport._shm_layout",
+                                    "runtime.transport._shm_segment",
+                                    "runtime.transport._shm_futex", "runtime.run._threads",
+                                    "wire._options", "runtime.run._fit_mode"])
 def test_docstring_examples_run(module):
     import doctest
     import importlib
-    result = doctest.testmod(importlib.import_module(f"phalanx.runtime.{module}"))
+    result = doctest.testmod(importlib.import_module(f"phalanx.{module}"))
     assert result.attempted and not result.failed
 
 
 def test_importing_comm_loads_neither_torch_nor_mpi():
     code = ("import sys, phalanx.runtime.transport._comm, phalanx.runtime.transport._shm,"
-            " phalanx.runtime._sync;"
+            " phalanx.runtime.sync._strategies;"
             "print(sorted(m for m in ('torch', 'mpi4py', 'IPython', 'ipywidgets')"
             " if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=hang_limit(60),

@@ -134,9 +134,9 @@ def _each(transports, label, make, call, expected, torch, wrong) -> int:
 def _transports(rank: int, store_file: str, gid: str) -> dict:
     import torch.distributed as dist
 
-    from phalanx.runtime._collectives import Collectives
+    from phalanx.runtime.sync._collectives import Collectives
     from phalanx.runtime.transport._comm_torch import TorchCommunicator
-    from phalanx.runtime._group import GroupHandle, GroupSpec
+    from phalanx.runtime.run._group import GroupHandle, GroupSpec
     from phalanx.runtime.transport._shm import ShmCommunicator
 
     dist.init_process_group("gloo", store=dist.FileStore(store_file, 2), rank=rank, world_size=2)

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from phalanx.runtime._overlap import CommThread
+from phalanx.runtime.sync._overlap import CommThread
 from deadlines import hang_limit
 
 

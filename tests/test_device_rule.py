@@ -1,4 +1,4 @@
-"""The device rule on multi-GPU hosts (``runtime/_device_rule.py``), computed for whole layouts.
+"""The device rule on multi-GPU hosts (``runtime/run/_device_rule.py``), computed for whole layouts.
 
 For each layout: every engine of a host sees the same GPUs, its own at index ``LOCAL_RANK``;
 ``"cuda"`` (phalanx sets the current device), ``cuda:{LOCAL_RANK}``, accelerate, Hugging Face
@@ -15,7 +15,7 @@ import pytest
 
 from phalanx.cluster._gpus import assign_devices, host_gpu_order, parse_gpu_spec
 from phalanx.cluster._registration import _devices_of_replaced
-from phalanx.runtime._device_rule import (FRAMEWORKS, EngineView, engine_views,
+from phalanx.runtime.run._device_rule import (FRAMEWORKS, EngineView, engine_views,
                                           foreign_device_message, own_gpu_index, pinning_env)
 from phalanx.runtime.adapters.torchrun import torchrun_env
 
@@ -157,7 +157,7 @@ def test_a_replacement_takes_the_gpu_of_the_engine_it_replaces():
 
 def test_the_check_at_the_first_step_raises_on_a_peers_gpu_only():
     torch = pytest.importorskip("torch")
-    from phalanx.runtime._own_gpu import ForeignDeviceError, check_training_device
+    from phalanx.runtime.run._own_gpu import ForeignDeviceError, check_training_device
 
     spec = SimpleNamespace(rank=1, world_size=2, group=SimpleNamespace(hosts=("a", "a")),
                            run_id="r")

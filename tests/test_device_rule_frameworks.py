@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from phalanx.cluster._gpus import assign_devices, host_gpu_order, parse_gpu_spec
-from phalanx.runtime._device_rule import engine_views
+from phalanx.runtime.run._device_rule import engine_views
 
 pytestmark = pytest.mark.slow  # the frameworks import in about 15 s
 

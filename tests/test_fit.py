@@ -135,7 +135,7 @@ for epoch in range(5):
 
 def test_warm_reuse_keeps_the_process_group_and_scaling_reforms_it(fit, shell):
     probe = """%%distributed_fit --return group_id,ws
-from phalanx.runtime._state import engine_state
+from phalanx.runtime.run._state import engine_state
 group_id, ws = id(engine_state().group), world_size
 """
     run_cell(shell, probe)
@@ -330,7 +330,7 @@ def test_what_ranks_print_reaches_the_cell_while_the_run_goes_on(fit, shell, mon
 
 
 def test_changed_objects_travel_with_the_run_and_unused_ones_are_dropped(fit, shell):
-    from phalanx.runtime._entry import cached_hashes
+    from phalanx.runtime.run._entry import cached_hashes
 
     client = fit.cluster.client
     run_cell(shell, "scale = 2.0\nbig = list(range(10_000))\n")
@@ -392,7 +392,7 @@ def test_bad_flags_send_nothing(fit, shell, flags, message):
 
 def test_large_objects_get_a_warning_naming_them(fit, shell, monkeypatch):
     from phalanx.fit import ShippingWarning
-    from phalanx.fit import _shipping
+    from phalanx.fit.analysis import _shipping
 
     monkeypatch.setattr(_shipping, "LARGE_OBJECT_BYTES", 10_000)
     run_cell(shell, "weights = np.zeros(100_000)\n")

@@ -1,4 +1,4 @@
-"""The forward watch (runtime/_forward_watch.py): which modules' forward passes zero-change mode
+"""The forward watch (runtime/sync/_forward_watch.py): which modules' forward passes zero-change mode
 sees, and that every other module keeps torch's fast path once the first step is over."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import doctest
 import torch
 from torch.nn.modules import module as torch_module
 
-from phalanx.runtime import _forward_watch
-from phalanx.runtime._forward_watch import ForwardWatch
+from phalanx.runtime.sync import _forward_watch
+from phalanx.runtime.sync._forward_watch import ForwardWatch
 
 
 class Recorder:

@@ -149,7 +149,7 @@ SCRIPTS = {"hf_trainer": HF_TRAINER, "accelerate": ACCELERATE, "lightning": LIGH
 
 # After the script, in the cell only: how many backward passes phalanx averaged itself.
 PASSES = """
-from phalanx.runtime._state import current_run
+from phalanx.runtime.run._state import current_run
 phalanx_passes = current_run().passes
 """
 
@@ -443,7 +443,7 @@ def test_accelerators_log_reaches_the_run_history_and_shard_split_twice_is_said(
 def test_a_progress_bar_comes_out_as_its_last_drawing():
     """tqdm's carriage-return redraws and a colour-only line: one line each, as a terminal
     leaves them."""
-    from phalanx.fit._output import as_shown
+    from phalanx.fit.run._output import as_shown
 
     bar = "".join(f"\r{i * 10:3d}%|{'#' * i:<10}| {i}/10" for i in range(11)) + "\n"
     assert as_shown("epoch 1\n" + bar + "\x1b[?25h\n\ndone\n") == [

@@ -16,9 +16,9 @@ import pytest
 
 from conftest import run_cell
 from phalanx.fit import FitOptions, FitUsageError, MetricHistory
-from phalanx.fit._digest import CurveDigest, window_rows
-from phalanx.fit._downsample import M4Stream, downsample, m4_indices
-from phalanx.fit._tracker import RunTracker
+from phalanx.fit.telemetry._digest import CurveDigest, window_rows
+from phalanx.fit.telemetry._downsample import M4Stream, downsample, m4_indices
+from phalanx.fit.telemetry._tracker import RunTracker
 
 
 # --- downsampling (pure) -----------------------------------------------------------------------

@@ -45,8 +45,8 @@ FEED = f"""import time
 import numpy as np
 import phalanx
 from phalanx import events
-from phalanx.fit._record import RunRecord
-from phalanx.fit._tracker import RunTracker
+from phalanx.fit.telemetry._record import RunRecord
+from phalanx.fit.telemetry._tracker import RunTracker
 from phalanx.widgets._display import RunDisplay
 
 session = phalanx.get_session()
@@ -70,7 +70,7 @@ for start in range(0, {STEPS}, BATCH):
 fed = time.perf_counter() - began
 tracker.stop()      # publishes the rest, finishes the curves, moves the history to disk
 session.events.emit(events.run_ended("day-run-1", "done", time.perf_counter() - began))
-# The record a finished run leaves (as fit/_run.py makes it): the summary is drawn from it.
+# The record a finished run leaves (as fit/run/_run.py makes it): the summary is drawn from it.
 session.fits.last = RunRecord("day-run-1", "day-long", "done", {RANKS}, fed,
                               {{r: {STEPS} for r in range({RANKS})}}, tracker.history,
                               digest=tracker.digest)

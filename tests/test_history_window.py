@@ -18,8 +18,8 @@ from phalanx import events
 from phalanx._labcomm import WINDOW_POINTS, LabComm
 from phalanx._session import Session
 from phalanx.fit import MetricHistory
-from phalanx.fit._downsample import MAX_POINTS
-from phalanx.fit._tracker import RunTracker
+from phalanx.fit.telemetry._downsample import MAX_POINTS
+from phalanx.fit.telemetry._tracker import RunTracker
 from labcomm_fakes import FakeComm, FakeManager
 
 RANKS, STEPS, BATCH = 2, 60_000, 500

@@ -11,8 +11,8 @@ import pytest
 
 from conftest import run_cell
 from phalanx import events
-from phalanx.fit._memory import RunMemory, cuda_oom_text, oom_hint
-from phalanx.runtime._memory import MemoryTracker, memory_sample
+from phalanx.fit.telemetry._memory import RunMemory, cuda_oom_text, oom_hint
+from phalanx.runtime.telemetry._memory import MemoryTracker, memory_sample
 from deadlines import hang_limit
 
 # Holds ~200 MB on rank 0 while both ranks step for at least 3.5 s (several samples).  The same

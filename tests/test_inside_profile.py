@@ -10,7 +10,7 @@ from IPython.utils.capture import capture_output
 
 from conftest import run_cell
 from phalanx import events
-from phalanx.fit._profile import merge_traces
+from phalanx.fit.telemetry._profile import merge_traces
 
 LOOP = """
 import torch

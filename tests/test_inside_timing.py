@@ -6,7 +6,7 @@ import pytest
 
 from conftest import run_cell
 from phalanx import events
-from phalanx.fit._timing import CollectiveTimes
+from phalanx.fit.telemetry._timing import CollectiveTimes
 
 # Rank 1 sleeps before each of 4 allreduces: rank 0 enters first and waits for it every time.
 WAITING = """
@@ -132,7 +132,7 @@ def test_step_parts_add_up_and_mark_the_slow_part():
 def test_slow_data_rank_is_marked_data_and_its_peer_waits(two_engines, shell, monkeypatch):
     # A 1.5 s run: below the evidence a slow mark needs in a notebook (SLOW_MIN_STEP_S), which
     # protects short runs from start-up noise; this run's rank 1 is slow by construction.
-    monkeypatch.setattr("phalanx.fit._timing.SLOW_MIN_STEP_S", 1.0)
+    monkeypatch.setattr("phalanx.fit.telemetry._timing.SLOW_MIN_STEP_S", 1.0)
     captured = run_capturing_events(two_engines, shell, SLOW_DATA)
     record = two_engines.last_run()
     slow, waiter = record.timing[1], record.timing[0]
@@ -180,8 +180,9 @@ def test_run_view_draws_each_ranks_step_parts_as_a_stacked_bar():
     assert 'data-part="data"' in slow and "slow: data &amp; forward 91% of step time" in slow
 
 
-@pytest.mark.parametrize("module", ["runtime._timing", "runtime._profile", "fit._timing", "fit._step_parts",
-                                    "fit._parts_series", "widgets._parts_bar"])
+@pytest.mark.parametrize("module", ["runtime.telemetry._timing", "runtime.telemetry._profile", "fit.telemetry._timing",
+                                    "fit.telemetry._step_parts",
+                                    "fit.telemetry._parts_series", "widgets._parts_bar"])
 def test_examples_in_the_docstrings_hold(module):
     import doctest
     import importlib

@@ -1,9 +1,12 @@
 """The package's layers, as a test: which of phalanx's packages may import which (the
 cycles between modules are test_structure's).
 
-The engine runtime is at the bottom (engines import it alone: it never reaches up to the
-kernel's side), its transport below it; the cluster machinery knows nothing of runs or views;
-the run's kernel side (fit) knows nothing of views; learning networks stand on the cluster.
+The wire (the seam types, options, picklers, store protocol) is at the bottom: both sides stand
+on it and it imports nothing else of phalanx.  The engine runtime is above it (engines import it
+alone: it never reaches up to the kernel's side), its transport below the runtime's rooms, and
+library adapters reached only through their registry; the cluster machinery knows nothing of
+runs or views; the run's kernel side (fit) knows nothing of views and reaches the runtime only
+through ``phalanx.runtime``'s names; views read telemetry through ``phalanx.fit.telemetry``.
 A failure names the module, line and import that breaks a rule.  Imports inside functions
 count: they are how a layer would reach up without a cycle showing.
 """
@@ -18,15 +21,29 @@ from pathlib import Path
 from test_structure import PACKAGE
 
 # package (a dotted prefix of module names) -> prefixes of phalanx it must not import
+_ABOVE_RUNTIME = ["phalanx.fit", "phalanx.cluster", "phalanx.widgets", "phalanx.network",
+                  "phalanx.events", "phalanx._"]
+# the runtime's rooms: the kernel's side reaches them only through ``phalanx.runtime``'s names
+_RUNTIME_ROOMS = ["phalanx.runtime.run", "phalanx.runtime.sync", "phalanx.runtime.commits",
+                  "phalanx.runtime.debug", "phalanx.runtime.telemetry",
+                  "phalanx.runtime.adapters", "phalanx.runtime._"]
+# adapters one module per library: the rest of the runtime reaches them through the registry
+# (and torchrun's world, which a run is entered in rather than an adapter installed)
+_ADAPTER_MODULES = ["phalanx.runtime.adapters.sklearn", "phalanx.runtime.adapters.xgboost",
+                    "phalanx.runtime.adapters.lightgbm", "phalanx.runtime.adapters.framework_logs",
+                    "phalanx.runtime.adapters.double_split", "phalanx.runtime.adapters._"]
 FORBIDDEN = {
-    "phalanx.runtime.transport": ["phalanx.runtime._", "phalanx.fit", "phalanx.cluster",
-                                  "phalanx.widgets", "phalanx.network", "phalanx.events",
-                                  "phalanx._"],
-    "phalanx.runtime": ["phalanx.fit", "phalanx.cluster", "phalanx.widgets", "phalanx.network",
-                        "phalanx.events", "phalanx._"],
-    "phalanx.cluster": ["phalanx.fit", "phalanx.widgets", "phalanx.network"],
-    "phalanx.fit": ["phalanx.widgets", "phalanx.network", "phalanx._magics"],
+    "phalanx.wire": ["phalanx.runtime", "phalanx.cluster", "phalanx.learning"] + _ABOVE_RUNTIME,
+    "phalanx.runtime.transport": ["phalanx.runtime.", "phalanx.fit"] + _ABOVE_RUNTIME,
+    "phalanx.runtime.adapters": _ABOVE_RUNTIME,
+    "phalanx.runtime": _ABOVE_RUNTIME + _ADAPTER_MODULES,
+    "phalanx.cluster": ["phalanx.fit", "phalanx.widgets", "phalanx.network"] + _RUNTIME_ROOMS,
+    "phalanx.fit": ["phalanx.widgets", "phalanx.network", "phalanx._magics"] + _RUNTIME_ROOMS,
     "phalanx.network": ["phalanx.fit", "phalanx.widgets", "phalanx.runtime"],
+    # views read a run through fit's telemetry names, never its rooms' modules
+    "phalanx.widgets": ["phalanx.fit.run", "phalanx.fit.analysis", "phalanx.fit.debug",
+                        "phalanx.fit.exports", "phalanx.fit.telemetry._",
+                        "phalanx.fit._"] + _RUNTIME_ROOMS,
 }
 
 
@@ -57,6 +74,13 @@ def _rule_for(module: str) -> tuple[str, list[str]] | None:
     return (max(owners, key=len), FORBIDDEN[max(owners, key=len)]) if owners else None
 
 
+def _under(target: str, prefix: str) -> bool:
+    """``target`` is ``prefix`` or inside it; a prefix ending in ``.`` or ``_`` is one of names."""
+    if prefix.endswith((".", "_")):
+        return target.startswith(prefix)
+    return target == prefix or target.startswith(prefix + ".")
+
+
 def broken_rules(root: Path) -> list[str]:
     out = []
     for path in sorted(root.rglob("*.py")):
@@ -70,7 +94,7 @@ def broken_rules(root: Path) -> list[str]:
         for line, target in imports_of(path, root):
             if target.startswith(package + ".") or target == package:
                 continue  # within its own package
-            if any(target.startswith(prefix) for prefix in forbidden):
+            if any(_under(target, prefix) for prefix in forbidden):
                 out.append(f"{path.relative_to(root.parent)}:{line} imports {target} "
                            f"({package} may not import it)")
     return out

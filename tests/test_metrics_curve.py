@@ -1,4 +1,4 @@
-"""The metric stream under CurveZMQ (``fit/_receiver.py``, ``runtime/_metrics.py``), in process.
+"""The metric stream under CurveZMQ (``fit/telemetry/_receiver.py``, ``runtime/telemetry/_metrics.py``), in process.
 
 Across hosts the receiver is a CURVE server that admits only its own client key; here it is bound
 on 127.0.0.1 with ``curve=True`` so the real sockets run without a second host:
@@ -21,9 +21,9 @@ import time
 import pytest
 import zmq
 
-from phalanx.fit._receiver import MetricsReceiver
-from phalanx.runtime import _metrics
-from phalanx.runtime._metrics import MetricsSender
+from phalanx.fit.telemetry._receiver import MetricsReceiver
+from phalanx.runtime.telemetry import _metrics
+from phalanx.runtime.telemetry._metrics import MetricsSender
 from deadlines import hang_limit
 
 RUN = "run-curve-1"

@@ -8,7 +8,7 @@ import types
 
 import pytest
 from conftest import run_cell
-from phalanx.runtime._patch_ledger import PatchLedger
+from phalanx.runtime.run._patch_ledger import PatchLedger
 
 
 def test_undo_runs_last_first_and_puts_back_originals_and_inherited_lookups():
@@ -67,7 +67,7 @@ def test_an_attribute_an_adapter_changed_again_is_put_back_and_said():
 # --- on a real cluster ---------------------------------------------------------------------
 
 TRAIN = """
-from phalanx.runtime._state import current_run
+from phalanx.runtime.run._state import current_run
 import torch
 ledger = current_run().patches
 entries = ledger.describe()

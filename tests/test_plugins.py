@@ -97,7 +97,7 @@ def test_an_installed_launcher_starts_engines_and_a_wrong_one_is_refused(no_clus
 def test_the_kernel_and_the_engines_know_the_same_built_in_strategies():
     """The kernel checks --sync against names it knows without importing the classes (no
     numpy); the engines build the classes: one list each, held together here."""
-    from phalanx.runtime._options import STRATEGIES as names
-    from phalanx.runtime._sync import STRATEGIES as classes
+    from phalanx.wire._options import STRATEGIES as names
+    from phalanx.runtime.sync._strategies import STRATEGIES as classes
 
     assert tuple(classes) == names

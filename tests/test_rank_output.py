@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from deadlines import hang_limit
 
-from phalanx.fit._rank_output import KEEP_LINES, RankOutputs
+from phalanx.fit.run._rank_output import KEEP_LINES, RankOutputs
 
 
 def test_the_other_ranks_lines_are_escaped_kept_per_rank_and_the_oldest_dropped():

@@ -114,7 +114,7 @@ def test_version_skew_refuses_the_run_and_lists_versions_per_engine(two_engines,
     import cloudpickle
     import torch
 
-    from phalanx.runtime._entry import cached_hashes
+    from phalanx.runtime.run._entry import cached_hashes
 
     session = two_engines
     write_sitecustomize(tmp_path, monkeypatch, FAKE_VERSIONS)

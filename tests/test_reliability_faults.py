@@ -181,7 +181,7 @@ def test_refused_payloads_send_nothing_to_the_engines(ready, shell):
     from IPython.core.error import UsageError
 
     from phalanx.fit import ShippingWarning
-    from phalanx.fit import _shipping
+    from phalanx.fit.analysis import _shipping
 
     client = ready.cluster.client
     before = len(client.history)

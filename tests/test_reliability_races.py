@@ -107,9 +107,9 @@ def started_then_sleep(folder):
 def test_interrupting_an_engine_ipyparallel_already_forgot_skips_it(ready, tmp_path):
     """The observed bug: Waiter._release sent SIGINT to every pending rank's engine id in one
     request, and ipyparallel raised KeyError for the id it had just unregistered."""
-    from phalanx.fit._engine_calls import dispatch
-    from phalanx.fit._tracker import RunTracker
-    from phalanx.fit._waiter import Waiter
+    from phalanx.fit.run._engine_calls import dispatch
+    from phalanx.fit.telemetry._tracker import RunTracker
+    from phalanx.fit.run._waiter import Waiter
 
     cluster = ready.cluster
     slots = cluster.slots()
@@ -173,7 +173,7 @@ def test_a_run_started_on_an_engine_ipyparallel_already_forgot_names_the_rank(re
 
 def versions_or_die(victim_pid):
     """Runs on the engines in place of the version check; the victim dies in it."""
-    from phalanx.fit._manifest import engine_versions
+    from phalanx.fit.analysis._manifest import engine_versions
 
     if os.getpid() == victim_pid:
         os.kill(os.getpid(), signal.SIGKILL)
@@ -184,7 +184,7 @@ def test_an_engine_dying_in_the_version_check_names_the_rank(ready, shell, monke
     """Was ipyparallel's CompositeError from the check that starts a run."""
     import functools
 
-    from phalanx.fit import _run
+    from phalanx.fit.run import _run
 
     victim = ready.cluster.slots()[1]
     monkeypatch.setattr(_run, "engine_versions", functools.partial(versions_or_die, victim.pid))
@@ -200,7 +200,7 @@ def test_an_engine_dying_in_the_version_check_names_the_rank(ready, shell, monke
 
 
 def commits_or_die(victim_pid, key, directory, scratch, rank):
-    from phalanx.runtime._resume import held_commits
+    from phalanx.runtime.commits._resume import held_commits
 
     if os.getpid() == victim_pid:
         os.kill(os.getpid(), signal.SIGKILL)
@@ -224,7 +224,7 @@ def test_an_engine_dying_while_a_restart_plans_its_resume_names_the_rank(
         ready, shell, monkeypatch, tmp_path):
     import functools
 
-    from phalanx.fit import _recovery
+    from phalanx.fit.run import _recovery
 
     survivor = ready.cluster.slots()[0]
     monkeypatch.setattr(_recovery, "held_commits", functools.partial(commits_or_die, survivor.pid))
@@ -286,7 +286,7 @@ def test_an_interrupt_reaching_a_rank_on_its_way_back_keeps_its_own_error(ready,
     # Rank 1 fails on its own; rank 0 is released by its abort.  The kernel then interrupts
     # rank 1, which is still returning: the interrupt must not replace its error (or, landing
     # in ipyparallel's reply, lose the reply and leave the rank "unresponsive").
-    from phalanx.fit import _waiter
+    from phalanx.fit.run import _waiter
 
     undo = _slow_reply_on(ready, 1, _waiter.SECONDARY_GRACE_S + 2)
     try:
@@ -307,7 +307,7 @@ allreduce(np.ones(4))
 
 def test_a_failed_restart_of_an_unresponsive_rank_is_reported_not_swallowed(
         ready, shell, monkeypatch, tmp_path):
-    from phalanx.fit import _waiter
+    from phalanx.fit.run import _waiter
 
     monkeypatch.setattr(_waiter, "RELEASE_GRACE_S", 3.0)
     write_sitecustomize(tmp_path, monkeypatch, CRASH)

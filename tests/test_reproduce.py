@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from phalanx.fit._reproduce import ReproducibilityWarning, cell_hash, saved_manifest, warn_if_world_differs
+from phalanx.fit.analysis._reproduce import ReproducibilityWarning, cell_hash, saved_manifest, warn_if_world_differs
 
 BODY = "opt.step()\n"
 

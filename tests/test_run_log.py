@@ -13,7 +13,7 @@ from deadlines import hang_limit
 from kernel_support import kernel_manager
 
 from phalanx.fit import FitUsageError
-from phalanx.fit._run_log import PRUNE_EVERY, RunLog, keep_setting, notebook_folder
+from phalanx.fit.telemetry._run_log import PRUNE_EVERY, RunLog, keep_setting, notebook_folder
 
 
 def test_numbers_continue_and_each_run_says_how_it_ended(tmp_path):
@@ -154,7 +154,7 @@ def test_the_panel_lists_earlier_kernels_runs_and_opens_their_curves(tmp_path):
     from phalanx import events
     from phalanx._panel_stream import RunArchive
     from phalanx._run_list import PastRun, RunList
-    from phalanx.fit._history import MetricHistory
+    from phalanx.fit.telemetry._history import MetricHistory
 
     log = RunLog(str(tmp_path))
     log.started("old-1", 1, "run-1", "cell", 2, 50)

@@ -7,8 +7,8 @@ import types
 
 import pytest
 
-from phalanx.fit._scope import notebook_reads
-from phalanx.fit._shipping import resolve_names
+from phalanx.fit.analysis._names_read import notebook_reads
+from phalanx.fit.analysis._shipping import resolve_names
 
 
 def reads(cell: str) -> set[str]:

@@ -14,11 +14,11 @@ import types
 import cloudpickle
 import pytest
 
-from phalanx.fit._errors import DistributedFitError, describe_failure, failure, root_cause
-from phalanx.fit._waiter import Waiter
+from phalanx.fit.run._errors import DistributedFitError, describe_failure, failure, root_cause
+from phalanx.fit.run._waiter import Waiter
 from phalanx.runtime import (CheckpointSpec, GroupSpec, Outcome, RankResult, ResumePlan, RunSpec,
                              run_cell)
-from phalanx.runtime._options import TrainOptions
+from phalanx.wire._options import TrainOptions
 
 
 def spec_for(rank: int, names: tuple[str, ...] = ()) -> RunSpec:

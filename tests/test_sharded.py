@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import run_cell
-from phalanx.fit._kept import human_size
+from phalanx.fit.run._kept_on_engines import human_size
 
 pytestmark = pytest.mark.cluster
 

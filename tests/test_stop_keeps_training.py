@@ -62,7 +62,7 @@ def test_stop_brings_the_model_back_when_a_peer_takes_the_interrupt_first(
     """The stop's interrupt reaches rank 1 first: rank 1 gives up, which releases rank 0 from
     the gradient allreduce it waits in before its own interrupt comes (here: never).  Rank 0
     stopped at the same step boundary and brings its model back all the same."""
-    from phalanx.fit import _waiter
+    from phalanx.fit.run import _waiter
 
     real = _waiter.signal_engines
     first = two_engines.cluster.slots()[1].engine_id

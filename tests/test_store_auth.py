@@ -1,5 +1,5 @@
-"""The kernel's rendezvous store across hosts (``fit/_store_server.py`` and the engines' client
-``runtime/_store_client.py``): real sockets, real gloo process groups in real processes.
+"""The kernel's rendezvous store across hosts (``fit/run/_store_server.py`` and the engines' client
+``runtime/run/_store_client.py``): real sockets, real gloo process groups in real processes.
 
 * two ranks form a gloo group through it (``init_process_group``, ``new_group``, allreduce);
 * a missing key times out within the timeout, with an error that says what was missing;
@@ -24,9 +24,9 @@ import pytest
 import torch.distributed as dist
 import zmq
 
-from phalanx.fit._store_server import StoreServer
-from phalanx.runtime._store_client import CurveStore
-from phalanx.runtime._store_wire import encode_request
+from phalanx.fit.run._store_server import StoreServer
+from phalanx.runtime.run._store_client import CurveStore
+from phalanx.wire._store_protocol import encode_request
 from deadlines import hang_limit
 
 SECRET = b"the-group-address-nobody-else-may-read"
@@ -46,7 +46,7 @@ def _client(server: StoreServer, timeout_s: float = 5.0) -> CurveStore:
 RANK = """
 import datetime, json, sys, time
 import torch, torch.distributed as dist
-from phalanx.runtime._store_client import CurveStore
+from phalanx.runtime.run._store_client import CurveStore
 rank, spec = int(sys.argv[1]), json.loads(sys.argv[2])
 store = CurveStore(*spec[1:], timeout=datetime.timedelta(seconds=30))
 started = time.perf_counter()

@@ -172,8 +172,8 @@ def test_bad_values_are_refused_before_dispatch(notebook, shell, definition):
 def test_public_strategy_api_and_its_examples():
     import phalanx
     import phalanx.runtime
-    from phalanx.fit import _strategy
-    from phalanx.runtime import _sync
+    from phalanx.fit.run import _strategy
+    from phalanx.runtime.sync import _strategies as _sync
     from phalanx.runtime.transport import _comm
 
     assert phalanx.SyncStrategy is phalanx.runtime.SyncStrategy is _sync.SyncStrategy

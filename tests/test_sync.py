@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from phalanx.runtime.transport._comm import make_thread_communicators
-from phalanx.runtime._sync import (EASGD, AllreduceSync, LocalSGD, NoSync, SyncStrategy,
+from phalanx.runtime.sync._strategies import (EASGD, AllreduceSync, LocalSGD, NoSync, SyncStrategy,
                                    make_strategy, param_grads)
 from deadlines import hang_limit
 
@@ -227,7 +227,7 @@ def test_flags_names_and_schedule():
     ("easgd", 1, 1.5, r"alpha must be in \(0, 1\]"),
     ("collections.OrderedDict", 1, 0.5, "not a phalanx SyncStrategy subclass"),
     ("no_such_pkg_xyz.Strategy", 1, 0.5, "cannot import 'no_such_pkg_xyz'"),
-    ("phalanx.runtime._sync.Nope", 1, 0.5, "has no 'Nope'"),
+    ("phalanx.runtime.sync._strategies.Nope", 1, 0.5, "has no 'Nope'"),
 ])
 def test_make_strategy_rejects_bad_input(spec, every, alpha, match):
     with pytest.raises(ValueError, match=match):
@@ -236,7 +236,7 @@ def test_make_strategy_rejects_bad_input(spec, every, alpha, match):
 
 def test_user_strategy_by_dotted_name(tmp_path, monkeypatch):
     (tmp_path / "phx_user_strategies.py").write_text(textwrap.dedent("""
-        from phalanx.runtime._sync import SyncStrategy
+        from phalanx.runtime.sync._strategies import SyncStrategy
 
         class SumEveryStep(SyncStrategy):
             name = "sum-every-step"
@@ -267,9 +267,9 @@ def test_base_strategy_is_usable_directly():
 
 def _one_rank_hooks_called(strategy_class):
     """The hooks a strategy got through one optimizer step of a one-rank run."""
-    from phalanx.runtime._hooks import StepHooks
-    from phalanx.runtime._join import JoinControl
-    from phalanx.runtime._state import RunContext
+    from phalanx.runtime.sync._hooks import StepHooks
+    from phalanx.runtime.sync._join import JoinControl
+    from phalanx.runtime.run._state import RunContext
 
     comm = make_thread_communicators(1)[0]
     run = RunContext(run_id="one-rank", rank=0, world_size=1, device=torch.device("cpu"),
@@ -323,6 +323,6 @@ def test_easgd_requires_start():
 def test_docstring_examples_run():
     import doctest
 
-    from phalanx.runtime import _sync
+    from phalanx.runtime.sync import _strategies as _sync
     result = doctest.testmod(_sync)
     assert result.attempted and not result.failed

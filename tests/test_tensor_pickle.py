@@ -13,8 +13,8 @@ import cloudpickle
 import pytest
 import torch
 
-from phalanx.runtime import _tensor_pickle
-from phalanx.runtime._tensor_pickle import dumps
+from phalanx.wire import _tensor_pickle
+from phalanx.wire._tensor_pickle import dumps
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64,
           torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool]

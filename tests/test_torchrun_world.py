@@ -102,7 +102,7 @@ def test_the_backend_and_world_checks():
 ONE_RANK = """
 import os, tempfile, types, warnings
 import torch, torch.distributed as dist, torch.multiprocessing as mp
-from phalanx.runtime._group import GroupSpec
+from phalanx.runtime.run._group import GroupSpec
 from phalanx.runtime.adapters.torchrun import torchrun_world, SpawnInCellError
 
 before = (dict(os.environ), dist.init_process_group, dist.destroy_process_group, mp.spawn,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 import time
 
-from phalanx.fit._tracker import RunTracker
+from phalanx.fit.telemetry._tracker import RunTracker
 from deadlines import hang_limit
 
 
@@ -56,7 +56,7 @@ def test_wait_keeps_going_while_batches_arrive_and_gives_up_when_quiet():
 def test_progress_is_sent_when_batches_arrive_and_seldom_while_none_do(monkeypatch):
     """A long step that logs nothing: the publisher (every 0.1 s) sends progress once a second,
     not ten times, so the kernel idles while the engines train; any batch is shown at once."""
-    from phalanx.fit import _tracker
+    from phalanx.fit.telemetry import _tracker
 
     now = [100.0]
     monkeypatch.setattr(_tracker, "_now", lambda: now[0])

@@ -20,7 +20,7 @@ from IPython.core.error import UsageError
 
 from conftest import run_cell
 from phalanx.fit import FitOptions, FitUsageError
-from phalanx.fit._export import Lines, MissingExtra, option_params
+from phalanx.fit.exports._run_shape import Lines, MissingExtra, option_params
 from deadlines import hang_limit
 
 pytest.importorskip("tensorboardX")

@@ -357,7 +357,7 @@ def test_parameters_drawn_as_the_manual_says_train_as_in_one_process(two_engines
 def test_easgd_refuses_parameters_that_appear_after_it_started():
     """EASGD pairs its centre with the parameters by position: a lazy module's parameters,
     materialised after the optimizer was built, would be pulled toward another one's centre."""
-    from phalanx.runtime._sync import EASGD
+    from phalanx.runtime.sync._strategies import EASGD
     from phalanx.runtime.transport._comm import make_thread_communicators
 
     first, later = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(3))

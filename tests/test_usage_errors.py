@@ -105,7 +105,7 @@ def test_python_callers_still_get_a_name_error(names):
 
 def test_a_cell_that_may_bind_anything_is_not_refused_for_its_return(names):
     """exec, globals() or a star import may define the name: the engines' own check judges."""
-    from phalanx.fit._precheck import check_returns
+    from phalanx.fit.analysis._precheck import check_returns
 
     for body in ("exec('out = 1')", "globals()['out'] = 1", "from math import *"):
         check_returns(body, ["out"], {})

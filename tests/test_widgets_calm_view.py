@@ -11,9 +11,9 @@ import pytest
 from phalanx import events
 from phalanx.events import metrics as metrics_event
 from phalanx.events import progress as progress_event
-from phalanx.fit import _tracker
-from phalanx.fit._timing import SLOW_MIN_STEP_S, CollectiveTimes
-from phalanx.fit._tracker import RunTracker
+from phalanx.fit.telemetry import _tracker
+from phalanx.fit.telemetry._timing import SLOW_MIN_STEP_S, CollectiveTimes
+from phalanx.fit.telemetry._tracker import RunTracker
 from phalanx.widgets import RunSummary
 from phalanx.widgets._cluster_table import ClusterStatus
 from phalanx.widgets._parts_bar import PART_COLOURS

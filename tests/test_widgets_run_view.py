@@ -222,7 +222,7 @@ def test_a_plot_not_built_ahead_appears_once_the_run_has_trained_a_while():
 def test_a_plot_built_during_the_run_is_built_where_the_view_asks_once():
     """Given ``build_with``, the view hands the build to it (the run's wait loop) once, keeps
     taking events meanwhile, and the build draws every point that arrived before it ran."""
-    from phalanx.fit._control import RunControl
+    from phalanx.fit.run._control import RunControl
     from phalanx.widgets._run_view import PLOT_AFTER_S, RunView
 
     clock, control = FakeClock(), RunControl()
@@ -255,7 +255,7 @@ def test_a_plot_built_during_the_run_is_built_where_the_view_asks_once():
 
 
 def test_tasks_handed_to_the_wait_loop_run_once_and_a_failing_one_ends_nothing(caplog):
-    from phalanx.fit._control import RunControl
+    from phalanx.fit.run._control import RunControl
 
     control, ran = RunControl(), []
     control.call_soon(lambda: ran.append(1))
@@ -297,7 +297,7 @@ def test_a_quick_cells_rerun_shows_its_view_only_once_it_has_trained_a_while(mon
     """The live widgets cost about as much as a warm one-step run: re-running a cell whose last
     run was over within LIVE_AFTER_S shows only its summary, unless this run trains that long;
     then the view appears with what happened so far."""
-    from phalanx.fit._control import RunControl
+    from phalanx.fit.run._control import RunControl
     from phalanx.widgets._display import LIVE_AFTER_S
     from phalanx.widgets._run_view import RunView
 
@@ -353,7 +353,7 @@ def test_the_end_of_a_run_renders_the_plot_again_only_when_it_changed():
 
 
 def test_zooming_a_finished_plot_redraws_the_window_at_full_resolution(monkeypatch):
-    from phalanx.fit._digest import window_points
+    from phalanx.fit.telemetry._digest import window_points
 
     monkeypatch.setattr(_plot, "MAX_POINTS", 100)
     history = MetricHistory()

@@ -80,7 +80,7 @@ def data(two_engines, shell, tmp_path):
 
 def test_train_on_shards_is_one_model_same_on_every_rank_with_rounds_in_the_views(
         data, shell, tmp_path, monkeypatch):
-    from phalanx.fit import _xgboost_tracker
+    from phalanx.fit.run import _xgboost_tracker
 
     run_cell(shell, "%%distributed_fit --no-widget\npass")  # the run's own listeners exist now
     before = _listening()

@@ -62,7 +62,7 @@ def breakpoint(rank: int | None = None) -> None:  # noqa: A001 - Python's, for o
     """
     import sys
 
-    from .runtime._breakpoints import breakpoint_on
+    from .runtime import breakpoint_on
 
     breakpoint_on(rank, sys._getframe(1))
 

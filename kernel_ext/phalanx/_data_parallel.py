@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .runtime._options import DEFAULT_ALPHA, DEFAULT_EVERY, DEFAULT_SYNC
+from .wire._options import DEFAULT_ALPHA, DEFAULT_EVERY, DEFAULT_SYNC
 
 _FIT_BODY = """
 if y is None:
@@ -68,8 +68,8 @@ def _strategy_flag(sync: Any) -> tuple[str, type | None]:
     if not isinstance(sync, type):
         raise TypeError(f"data_parallel(sync=...) takes a strategy name or a SyncStrategy "
                         f"subclass, got {type(sync).__name__} {sync!r}")
-    from .fit._options import STRATEGIES
-    from .fit._strategy import notebook_strategy
+    from .fit.run._options import STRATEGIES
+    from .fit.run._strategy import notebook_strategy
 
     taken = ("estimator", "X", "y", *STRATEGIES)  # the cell's own names and the built-in ones
     name = sync.__name__ if sync.__name__ not in taken else "sync_strategy"

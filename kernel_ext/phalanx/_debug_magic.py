@@ -19,7 +19,7 @@ from typing import Any, Callable
 from IPython.core.error import UsageError
 
 from ._session import session_for_shell
-from .fit._post_mortem import DebugUnavailable, post_mortem
+from .fit.debug._post_mortem import DebugUnavailable, post_mortem
 
 
 def register_debug(ipython: Any) -> None:

@@ -20,10 +20,10 @@ from ._session import session_for_shell
 from ._usage import parse_line, unknown_word
 from .cluster import ClusterError, GpuSpecError, LaunchOptions
 from .fit import FitOptions, FitUsageError, ShippingError
-from .fit._errors import DistributedFitError, VersionSkewError
-from .fit._shipping import UndefinedNameError, notebook_names
-from .fit._suggest import did_you_mean, joined
-from .runtime import _options as T  # every training flag's default and choices
+from .fit.run._errors import DistributedFitError, VersionSkewError
+from .fit.analysis._shipping import UndefinedNameError, notebook_names
+from .fit.analysis._suggest import did_you_mean, joined
+from .wire import _options as T  # every training flag's default and choices
 
 CLUSTER_ACTIONS = ("start", "scale", "stop", "status", "restart", "forget", "stacks")
 

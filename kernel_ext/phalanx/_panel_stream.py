@@ -33,7 +33,7 @@ import numpy as np
 from . import events
 from ._outbox import wire_safe
 from ._schema import SchemaError
-from .fit._downsample import m4_indices
+from .fit.telemetry._downsample import m4_indices
 
 # Rows per rank in one flush (a few flushes a second): a line gains a few hundred points a second
 # at most, more than a chart a few thousand pixels wide redraws usefully.
@@ -190,7 +190,7 @@ class RunArchive:
                max_points: int) -> tuple[list[dict], dict[str, list]] | None:
         """An ended run's rows and means in a step window at full resolution up to
         ``max_points`` per line (a zoomed chart of a picked run); None without its record."""
-        from .fit._digest import MEAN, window_points, window_rows
+        from .fit.telemetry._digest import MEAN, window_points, window_rows
 
         record = self.record(run)
         if record is None:

@@ -50,7 +50,7 @@ class RunHistoryQueries:
                                  max_points: int | None = None) -> dict[str, list]:
         """The mean over ranks of each metric inside a step window, at full resolution up to
         ``max_points`` (a zoomed chart): ``{metric: [[step, mean], ...]}``."""
-        from .fit._digest import MEAN, window_points
+        from .fit.telemetry._digest import MEAN, window_points
 
         history = self._run_history()
         if history is None:
@@ -68,7 +68,7 @@ class RunHistoryQueries:
 
         Example: ``session.run_history_window(steps=(1000, 1200), rank=0)``
         """
-        from .fit._digest import window_rows
+        from .fit.telemetry._digest import window_rows
 
         history = self._run_history()
         if history is None:

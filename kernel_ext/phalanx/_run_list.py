@@ -1,6 +1,6 @@
 """``phalanx.runs()``: the notebook's runs as the person finds them again, restarts included.
 
-Each :class:`PastRun` is one entry of the notebook's run log (:mod:`phalanx.fit._run_log`):
+Each :class:`PastRun` is one entry of the notebook's run log (:mod:`phalanx.fit.telemetry._run_log`):
 name, cell, start, duration, status and final metrics, and its curves on demand (read back from
 the history it wrote).  A run still going in the background in this kernel answers ``wait()``,
 ``stop()`` and ``result()`` through its handle, as ``%%distributed_fit --background``'s value
@@ -20,7 +20,7 @@ import datetime
 import html
 from typing import Any
 
-from .fit._durations import fmt_wall
+from .fit.telemetry._durations import fmt_wall
 
 
 def _first_line(cell: str) -> str:
@@ -55,7 +55,7 @@ class PastRun:
 
     def history(self) -> Any:
         """The run's complete metric history, read back from disk (``.to_pandas()``)."""
-        from .fit._history import MetricHistory
+        from .fit.telemetry._history import MetricHistory
 
         try:
             return MetricHistory.read(self._log.history_dir(self.run_id))

@@ -1,7 +1,7 @@
 """The session's side of the notebook's run log: each run written as it starts and ends.
 
 A mixin of :class:`~phalanx._session.Session`.  The log belongs to the notebook the kernel runs
-(:func:`~phalanx.fit._run_log.notebook_folder`); it is opened at the first run or the first
+(:func:`~phalanx.fit.telemetry._run_log.notebook_folder`); it is opened at the first run or the first
 ``phalanx.runs()`` and handed to the fit runner, which numbers runs and writes histories there.
 A log that cannot be written (a read-only home) is said once and never stops a run.
 
@@ -15,7 +15,7 @@ import os
 from typing import Any
 
 from .fit import FitRunner, FitUsageError
-from .fit._run_log import DEFAULT_KEEP, RunLog, keep_setting, notebook_folder
+from .fit.telemetry._run_log import DEFAULT_KEEP, RunLog, keep_setting, notebook_folder
 
 log = logging.getLogger("phalanx")
 

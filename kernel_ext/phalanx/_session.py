@@ -195,7 +195,7 @@ class Session(RunHistoryQueries, RunRecords):
         """The engines now (``%cluster status``); during a run, with its steps and the engines'
         own memory figures."""
         from .cluster._memory import fill_engine_memory, merge_samples
-        from .fit._kept import human_size
+        from .fit.run._kept_on_engines import human_size
 
         active = self.fits.active
         rows = self.cluster.status(active.steps if active is not None else None) if self.cluster.running else []
@@ -213,7 +213,7 @@ class Session(RunHistoryQueries, RunRecords):
     def stacks(self) -> str:
         """Every rank's Python stack at this moment (``%cluster stacks``), with the collective
         it waits in and for how long; answered within 2 s, during a run too, stopping nothing."""
-        from .fit._stacks import ask_stacks, describe_stacks
+        from .fit.debug._stacks import ask_stacks, describe_stacks
 
         if not self.cluster.running:
             raise ClusterError("no cluster is running: start one with %cluster start -n 2")
@@ -268,8 +268,8 @@ class Session(RunHistoryQueries, RunRecords):
     def distributed_fit(self, body: str, opts: FitOptions, user_ns: dict,
                         on_start: Any = None) -> RunRecord:
         """Run a training cell on every engine (``%%distributed_fit``)."""
-        from .fit._precheck import check_cell
-        from .fit._reproduce import cell_hash, warn_if_world_differs
+        from .fit.analysis._precheck import check_cell
+        from .fit.analysis._reproduce import cell_hash, warn_if_world_differs
 
         # a typo is said before "no cluster" and long runs; kept names are live on the engines
         check_cell(body, opts, user_ns, self.fits.kept.names_for(self.fits.kept.engines))

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import parse_argstring
 
-from .fit._suggest import did_you_mean, joined
+from .fit.analysis._suggest import did_you_mean, joined
 
 _UNRECOGNIZED = "unrecognized arguments: "
 

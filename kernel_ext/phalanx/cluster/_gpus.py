@@ -4,7 +4,7 @@ The kernel must never initialise CUDA (a forked or later-started engine would th
 "CUDA already initialized"), so devices are discovered with ``nvidia-smi`` or read from
 ``CUDA_VISIBLE_DEVICES``, and each engine is pinned by setting its own ``CUDA_VISIBLE_DEVICES``
 (its host's GPUs, :func:`host_gpu_order`) and ``PHALANX_GPU`` (its own) before anything in it
-touches CUDA (:func:`~phalanx.runtime._device_rule.pinning_env`).
+touches CUDA (:func:`~phalanx.runtime.run._device_rule.pinning_env`).
 
 Example::
 
@@ -20,7 +20,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from ..runtime._device_rule import pinning_env
+from ..runtime import pinning_env
 
 __all__ = ["GpuSpec", "GpuSpecError", "parse_gpu_spec", "visible_gpus", "default_engine_count",
            "assign_devices", "host_gpu_order", "pinning_env"]
@@ -131,7 +131,7 @@ def host_gpu_order(spec: GpuSpec, devices: Sequence[str]) -> list[str]:
     """The GPUs a host's engines see, in the order they take them (``devices``: the host's).
 
     Every engine of the host sees this same list, so the one with ``LOCAL_RANK`` k owns its
-    k-th entry (see :mod:`phalanx.runtime._device_rule`).
+    k-th entry (see :mod:`phalanx.runtime.run._device_rule`).
 
     Example::
 

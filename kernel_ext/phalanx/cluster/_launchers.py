@@ -56,7 +56,7 @@ class MpiLauncher(Launcher):
 
 
 # --launcher NAME -> its class: phalanx's own; another package adds one with an entry point of
-# the phalanx.launchers group naming its Launcher subclass (see runtime/_plugins.py)
+# the phalanx.launchers group naming its Launcher subclass (see wire/_plugins.py)
 _KINDS: dict[str, type[Launcher]] = {
     kind.name: kind
     for kind in (Launcher, MpiLauncher, SshLauncher, SlurmLauncher, PbsLauncher, LsfLauncher)}
@@ -74,7 +74,7 @@ def make_launcher(name: str, options: LaunchOptions) -> Launcher:
     key = (name or "").strip().lower()
     if key in _KINDS:
         return _KINDS[key](options)
-    from ..runtime import _plugins
+    from ..wire import _plugins
 
     installed = _plugins.installed(_plugins.LAUNCHERS)  # other packages' (entry points)
     if key not in installed:

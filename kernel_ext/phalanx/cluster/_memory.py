@@ -4,7 +4,7 @@ The kernel reads the RSS of engines on its own host itself (psutil).  Engines on
 CUDA allocator figures (which only the engine's own process can read), need a round trip: only
 those engines are asked, with a short deadline, and an engine that does not answer in time keeps
 the figures the kernel had.  The engine never initialises CUDA to answer (see
-``runtime/_memory.py``).
+``runtime/telemetry/_memory.py``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def needs_asking(row: dict) -> bool:
 
 def fill_engine_memory(client: Any, rows: list[dict], timeout: float = ASK_TIMEOUT_S) -> list[dict]:
     """Add the engines' own memory figures to ``rows`` (cluster status rows), in place."""
-    from ..runtime._memory import memory_sample
+    from ..runtime import memory_sample
 
     asked = [row for row in rows if needs_asking(row)]
     if client is None or not asked:

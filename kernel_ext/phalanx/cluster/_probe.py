@@ -56,7 +56,7 @@ def pin_engine(slot: str, device: str | None, visible: str = "") -> str:
     import os
     import sys
 
-    from phalanx.runtime._device_rule import pinning_env
+    from phalanx.runtime import pinning_env
 
     if "torch" in sys.modules and getattr(sys.modules["torch"], "cuda", None) is not None:
         if sys.modules["torch"].cuda.is_initialized():
@@ -79,5 +79,7 @@ def warm_up() -> bool:
     import torch._dynamo  # noqa: F401  (an optimizer's first param group imports it: seconds)
     import torch.distributed  # noqa: F401
 
-    import phalanx.runtime._entry  # noqa: F401
+    import phalanx.runtime
+
+    phalanx.runtime.run_cell  # loads the run's modules  # noqa: B018
     return True

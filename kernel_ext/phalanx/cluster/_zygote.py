@@ -66,8 +66,9 @@ IMPORT_TIME_PREFIXES = ("PYTHON", "LD_", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENB
 PRELOAD = ("ipyparallel.engine.app", "ipyparallel.engine.nanny", "ipyparallel.controller.app",
            "ipykernel.debugger", "IPython.extensions.storemagic", "IPython.core.completerlib",
            "sqlite3", "numpy", "torch", "torch._dynamo", "torch.distributed", "cloudpickle",
-           "phalanx.fit", "phalanx.runtime._entry", "phalanx.runtime._grad_sync",
-           "phalanx.runtime._sync", "phalanx.runtime._metrics", "phalanx.runtime._profile",
+           "phalanx.fit", "phalanx.runtime.run._entry", "phalanx.runtime.sync._grad_sync",
+           "phalanx.runtime.sync._strategies", "phalanx.runtime.telemetry._metrics",
+           "phalanx.runtime.telemetry._profile",
            "phalanx.runtime.transport._comm", "phalanx.runtime.transport._comm_torch",
            "phalanx.runtime.transport._shm", "phalanx.cluster._supervise",
            "phalanx.cluster._zygote_nanny", "phalanx.cluster._zygote_child")

@@ -41,7 +41,7 @@ Example (two ranks as threads, with the in-process communicator used for testing
 The kernel's side
 -----------------
 A run crosses to the engines as one :class:`RunSpec` per rank and comes back as one
-:class:`RankResult` per rank (see :mod:`._seam`); ``run_cell`` (which first stores the shipped
+:class:`RankResult` per rank (see :mod:`phalanx.wire._seam`); ``run_cell`` (which first stores the shipped
 objects the engine lacks), ``cached_hashes`` and ``held_commits`` are what the kernel calls on an
 engine.  They are not for cells, and the engine calls load on first use.
 """
@@ -50,27 +50,35 @@ from importlib import import_module
 from time import perf_counter as _perf_counter
 from typing import TYPE_CHECKING
 
-from ._seam import CheckpointSpec as CheckpointSpec
-from ._seam import GroupSpec as GroupSpec
-from ._seam import Outcome as Outcome
-from ._seam import RankResult as RankResult
-from ._seam import ResumePlan as ResumePlan
-from ._seam import RunSpec as RunSpec
-from ._state import NotInRunError, current_run
+from ..wire._seam import CheckpointSpec as CheckpointSpec
+from ..wire._seam import GroupSpec as GroupSpec
+from ..wire._seam import Outcome as Outcome
+from ..wire._seam import RankResult as RankResult
+from ..wire._seam import ResumePlan as ResumePlan
+from ..wire._seam import RunSpec as RunSpec
+from .run._state import NotInRunError, current_run
 
 if TYPE_CHECKING:  # loaded on first use (below); named here for type checkers
-    from ._collectives import allreduce as allreduce
-    from ._collectives import barrier as barrier
-    from ._collectives import broadcast as broadcast
-    from ._hooks import no_sync as no_sync
-    from ._hooks import wrap as wrap
-    from ._resume import steps as steps
-    from ._resume import held_commits as held_commits
-    from ._entry import cached_hashes as cached_hashes
-    from ._entry import run_cell as run_cell
-    from ._sync import SyncStrategy as SyncStrategy
-    from ._sync import param_grads as param_grads
-    from ._sync import param_values as param_values
+    from .sync._collectives import allreduce as allreduce
+    from .sync._collectives import barrier as barrier
+    from .sync._collectives import broadcast as broadcast
+    from .sync._hooks import no_sync as no_sync
+    from .sync._hooks import wrap as wrap
+    from .commits._resume import steps as steps
+    from .commits._resume import held_commits as held_commits
+    from .run._entry import cached_hashes as cached_hashes
+    from .run._entry import run_cell as run_cell
+    from .run._kept_objects import forget_kept as forget_kept
+    from .run._unreturned import notice as notice
+    from .run._device_rule import pinning_env as pinning_env
+    from .debug._post_mortem import open_post_mortem as open_post_mortem
+    from .debug._post_mortem import post_mortem_command as post_mortem_command
+    from .debug._stacks import stack_when_idle as stack_when_idle
+    from .debug._breakpoints import breakpoint_on as breakpoint_on
+    from .telemetry._memory import memory_sample as memory_sample
+    from .sync._strategies import SyncStrategy as SyncStrategy
+    from .sync._strategies import param_grads as param_grads
+    from .sync._strategies import param_values as param_values
     from .transport._comm import Communicator as Communicator
 
 __all__ = ["log", "allreduce", "broadcast", "barrier", "wrap", "no_sync", "bytes_sent", "steps",
@@ -80,14 +88,20 @@ __all__ = ["log", "allreduce", "broadcast", "barrier", "wrap", "no_sync", "bytes
 # What a cell calls, loaded on its first use (``from phalanx import allreduce`` in the cell):
 # their modules import numpy, and importing phalanx must stay cheap (the kernel's
 # ``%load_ext`` and every engine's start import it).
-_CELL_API = {"allreduce": "._collectives", "barrier": "._collectives",
-             "broadcast": "._collectives", "wrap": "._hooks", "no_sync": "._hooks",
-             "steps": "._resume"}
+_CELL_API = {"allreduce": ".sync._collectives", "barrier": ".sync._collectives",
+             "broadcast": ".sync._collectives", "wrap": ".sync._hooks", "no_sync": ".sync._hooks",
+             "steps": ".commits._resume"}
 # What a strategy needs, loaded on first use like the cell's calls.
-_STRATEGY_API = {"SyncStrategy": "._sync", "param_values": "._sync", "param_grads": "._sync",
+_STRATEGY_API = {"SyncStrategy": ".sync._strategies", "param_values": ".sync._strategies",
+                 "param_grads": ".sync._strategies",
                  "Communicator": ".transport._comm"}
 # What the kernel calls on an engine, loaded on first use like the strategy API.
-_ENGINE_CALLS = {"run_cell": "._entry", "cached_hashes": "._entry", "held_commits": "._resume"}
+_ENGINE_CALLS = {"run_cell": ".run._entry", "cached_hashes": ".run._entry",
+                 "held_commits": ".commits._resume", "forget_kept": ".run._kept_objects",
+                 "notice": ".run._unreturned", "open_post_mortem": ".debug._post_mortem",
+                 "post_mortem_command": ".debug._post_mortem", "stack_when_idle": ".debug._stacks",
+                 "memory_sample": ".telemetry._memory", "pinning_env": ".run._device_rule",
+                 "breakpoint_on": ".debug._breakpoints"}
 
 
 def __getattr__(name: str) -> object:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Sequence
 
-from ..fit._durations import fmt_duration, fmt_wall  # noqa: F401  (the views' one place)
+from ..fit.telemetry import fmt_duration, fmt_wall  # noqa: F401  (the views' one place)
 
 DOT = " · "
 MAX_METRICS = 4  # more than a few numbers on one line stops being readable

@@ -22,7 +22,7 @@ from __future__ import annotations
 import html
 from typing import Any, Mapping
 
-from ..fit._step_parts import PART_NAMES, breakdown_text, part_label
+from ..fit.telemetry import PART_NAMES, breakdown_text, part_label
 
 PART_COLOURS = {"data": "#4c78a8", "backward": "#72b7b2", "wait": "#e45756", "move": "#f58518",
                 "optimizer": "#54a24b", "log": "#b279a2", "other": "#bab0ac"}

@@ -53,7 +53,7 @@ class Line:
     """One curve (a rank's or the mean) drawn in several figures, at most ~:data:`MAX_POINTS`.
 
     A run logs for days; the browser draws a few thousand points per line.  Every point goes
-    through an incremental min/max-preserving downsampler (:class:`~phalanx.fit._downsample.M4Stream`):
+    through an incremental min/max-preserving downsampler (:class:`~phalanx.fit.telemetry._downsample.M4Stream`):
     until the line outgrows its budget each point is drawn as it is, then buckets of points are
     drawn by their first, lowest, highest and last point, so spikes and the last point always
     show.  An update streams the new points and patches the last bucket, which is still
@@ -70,7 +70,7 @@ class Line:
 
     def __init__(self, figures: list, colour: str, width: float = 1.5, alpha: float = 0.8,
                  dash: str = "solid", max_points: int | None = None) -> None:
-        from ..fit._downsample import M4Stream
+        from ..fit.telemetry import M4Stream
 
         self.markers: list[Any] = []
         self.renderers: list[list[Any]] = [[] for _ in figures]  # per figure, for its legend

@@ -190,7 +190,7 @@ class RunView:
                 return
             self.plot.refresh()
             if record is not None:  # zooming in now shows every logged point of the window
-                from ..fit._digest import window_points
+                from ..fit.telemetry import window_points
 
                 self.plot.zoom_from(lambda name, key, start, end:
                                     window_points(record.history, name, key, start, end, MAX_POINTS))

@@ -9,7 +9,7 @@ browser sets the text, so a picture costs 0.6 to 8 ms, and it stays sharp when z
 One panel per metric (up to :data:`MAX_PANELS`, three to a row), one line per rank in its
 colour and the mean dashed in black, a log y axis where the values span more than two decades,
 a legend.  Each line keeps at most a few points per pixel column (min/max preserving, see
-:func:`~phalanx.fit._downsample.downsample`), so the picture's size does not grow with the run.
+:func:`~phalanx.fit.telemetry._downsample.downsample`), so the picture's size does not grow with the run.
 Non-finite values break a line, as in matplotlib.
 
 Example::
@@ -28,7 +28,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..fit._downsample import downsample
+from ..fit.telemetry import downsample
 from ._format import rank_colour
 from ._series import MEAN, Points
 

@@ -8,16 +8,19 @@ them trains right on the cluster; one module per library or framework.
 - :mod:`.torchrun`: torchrun's environment and init calls fitted to the warm group (entered
   around the cell by the run itself, not installed like the others).
 
-An adapter is an :class:`Adapter`: a name, what it changes (said if taking it back fails), and
+An adapter is an :class:`Adapter`: a name, what it changes (said if taking it back fails),
 ``install(run, namespace, shard)``, which makes its changes through ``run.patches`` (the run's
-patch ledger, :mod:`.._patch_ledger`) or returns one undo, and may contribute metric rows
-(``phalanx.log`` from the code it wraps, or ``run.metrics``).  Every registered adapter is
+patch ledger, :mod:`phalanx.runtime.run._patch_ledger`) or returns one undo, and may contribute
+metric rows (``phalanx.log`` from the code it wraps, or ``run.metrics``), and optionally
+``wrap(obj, run)``, what ``phalanx.wrap()`` does with the library's own objects.  Every registered adapter is
 installed as a run starts, in order, and the ledger takes their changes back, last first, when
 the run ends however it ends.  phalanx's own are listed here; another package adds one with an
-entry point in the ``phalanx.adapters`` group naming its ``Adapter`` (see :mod:`.._plugins`),
+entry point in the ``phalanx.adapters`` group naming its ``Adapter`` (see :mod:`phalanx.wire._plugins`),
 or by calling :func:`register` on the engines.
 
-May import: the runtime's own modules and its transport; nothing of the kernel's side.
+May import: the wire, the runtime's other rooms and its transport; nothing of the kernel's side.
+The rest of the runtime reaches adapters only through this module (and :mod:`.torchrun`, the
+world a run is entered in).
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ class Adapter:
     name: str
     changes: str   # what it changes, as the cell says it when taking it back fails
     install: Install
+    # ``wrap(obj)`` of an object of this library: the object made to train across ranks, or
+    # None where it is not one of the library's (scikit-learn's partial_fit learners)
+    wrap: Callable[[Any, Any], Any] | None = None
 
 
 # phalanx's own, in the order they are installed: module, then its ADAPTER
@@ -70,12 +76,22 @@ def install_adapters(run: Any, namespace: dict, shard: Sequence[str]) -> None:
             run.patches.on_undo(undo, adapter.changes)
 
 
+def wrap_estimator(obj: Any, run: Any) -> Any:
+    """``wrap()`` of an object an adapter knows how to train across ranks (scikit-learn's
+    ``partial_fit`` learners), or None where none does."""
+    for adapter in registered():
+        wrapped = adapter.wrap(obj, run) if adapter.wrap is not None else None
+        if wrapped is not None:
+            return wrapped
+    return None
+
+
 class AdapterError(RuntimeError):
     """An adapter's install raised: the run stops before the cell, naming it."""
 
 
 def _entry_point_adapters() -> list[Adapter]:
-    from .. import _plugins
+    from ...wire import _plugins
 
     return [_plugins.load(_plugins.ADAPTERS, name, Adapter)
             for name in _plugins.installed(_plugins.ADAPTERS)]

@@ -23,7 +23,7 @@ import warnings
 from typing import Any, Callable, Iterable
 
 from ._import_watch import when_loaded
-from .._seam import CELL_FILENAME
+from ...wire._seam import CELL_FILENAME
 from . import Adapter
 
 __all__ = ["DoubleSplitWarning", "watch_double_split"]

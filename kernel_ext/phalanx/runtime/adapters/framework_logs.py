@@ -32,7 +32,7 @@ import math
 from typing import Any, Callable
 
 from ._import_watch import when_loaded
-from .._metrics import to_number
+from ..telemetry._metrics import to_number
 from . import Adapter
 
 # Hugging Face's end-of-training summary (``speed_metrics``, ``total_flos``): one value each, which

@@ -41,7 +41,7 @@ from typing import Any, Callable
 
 from ._import_watch import when_loaded
 from ._library_patches import patch_everywhere, take_back_patches
-from .._metrics import to_number
+from ..telemetry._metrics import to_number
 from . import Adapter
 
 # (module, attribute) of each reference to LightGBM's ``train`` that a cell reaches
@@ -98,7 +98,7 @@ class _LightGBMWorld:
 
     def network_params(self, params: dict) -> dict:
         """``machines`` and the rest of LightGBM's network parameters for this rank."""
-        from .._resume import allgather_bytes
+        from ..commits._resume import allgather_bytes
 
         run = self.run
         port = _free_port()
@@ -182,7 +182,7 @@ def _rounds_callback(run: Any, rounds: int) -> Callable[[Any], None]:
 
 def _check_same(run: Any, model: str) -> None:
     """Every rank must hold the same model: their digests, compared across ranks."""
-    from .._resume import allgather_bytes
+    from ..commits._resume import allgather_bytes
 
     digest = hashlib.sha256(model.encode()).digest()
     digests, _ = allgather_bytes(run.collectives, digest, run.rank, run.world_size)

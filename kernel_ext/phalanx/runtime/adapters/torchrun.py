@@ -4,7 +4,7 @@ Such a script expects what torchrun gives each of its processes: the environment
 torch's elastic launcher (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` ...), a call
 to ``init_process_group()`` that forms the group, and a ``destroy_process_group()`` at its end
 that takes it down.  An engine already holds the warm default group the cells share (see
-:mod:`._group`), so for the duration of one cell :func:`torchrun_world`:
+:mod:`phalanx.runtime.adapters._group`), so for the duration of one cell :func:`torchrun_world`:
 
 * sets those variables (:func:`torchrun_env`) and restores every one exactly afterwards;
 * makes ``init_process_group(...)`` join the warm group instead of failing ("initialize the
@@ -111,9 +111,9 @@ def torchrun_env(rank: int, world_size: int, hosts: Sequence[str], run_id: str,
 
 @contextlib.contextmanager
 def torchrun_world(spec: Any, group: Any = None) -> Iterator[dict[str, str]]:
-    """For the cell of ``spec`` (a :class:`~._seam.RunSpec`): torchrun's environment, and
+    """For the cell of ``spec`` (a :class:`~phalanx.runtime.adapters._seam.RunSpec`): torchrun's environment, and
     torch's init/destroy/spawn calls fitted to the warm group.  ``group`` (the engine's
-    :class:`~._group.GroupHandle`) is accepted for symmetry; the default group itself is read
+    :class:`~phalanx.runtime.adapters._group.GroupHandle`) is accepted for symmetry; the default group itself is read
     from torch.  Yields the variables set."""
     env = torchrun_env(spec.rank, spec.world_size, spec.group.hosts, spec.run_id)
     with _environment(env), _patched(_patches(spec.rank, spec.world_size)), _not_interactive():

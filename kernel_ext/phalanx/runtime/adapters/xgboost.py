@@ -5,7 +5,7 @@ the one the scikit-learn estimators call) and ``QuantileDMatrix`` (whose quantil
 the same on every rank) get a thin wrapper.  At the first call on the cell's thread, the rank
 joins XGBoost's own communicator (``xgboost.collective.CommunicatorContext``) through the
 tracker the kernel started for the attempt (``RunSpec.data_for("xgboost")``; see
-:mod:`phalanx.fit._xgboost_tracker`), as its own rank (a task id that sorts by rank); it leaves it
+:mod:`phalanx.fit.run._xgboost_tracker`), as its own rank (a task id that sorts by rank); it leaves it
 at the run's end, whatever happened.  XGBoost then allreduces its histograms and evaluation
 metrics itself: every rank ends with the same booster, which a cheap fingerprint in one
 allreduce checks (a difference is said in the cell).  A cell that never trains never joins.
@@ -45,7 +45,7 @@ from typing import Any, Callable
 
 from ._import_watch import when_loaded
 from ._library_patches import patch_everywhere, take_back_patches, unpatched
-from .._metrics import to_number
+from ..telemetry._metrics import to_number
 from . import Adapter
 
 log = logging.getLogger("phalanx")

@@ -68,4 +68,9 @@ def _install(run: Any, namespace: dict, shard: Any) -> None:
     patch_namespace_estimators(run, namespace)
 
 
-ADAPTER = Adapter("scikit-learn", "scikit-learn's partial_fit", _install)
+def _wrap(obj: Any, run: Any) -> Any:
+    """``wrap(estimator)``: its ``partial_fit`` averaged across ranks (None for other objects)."""
+    return patch_partial_fit(obj, run) if is_incremental_estimator(obj) else None
+
+
+ADAPTER = Adapter("scikit-learn", "scikit-learn's partial_fit", _install, wrap=_wrap)

@@ -9,7 +9,7 @@ import types
 import warnings
 from typing import Any, Callable
 
-from ..._state import RunContext
+from ...run._state import RunContext
 from ._choose import _choose_rule
 from ._fitted import _is_fitted
 from ._rules import _Rule
@@ -95,7 +95,7 @@ class _EstimatorSync:
         return result
 
     def _open(self, est: Any) -> _Rule:
-        from ..._sync import NoSync, run_strategy
+        from ...sync._strategies import NoSync, run_strategy
 
         run = self.run
         rule = self.rule = _choose_rule(est)

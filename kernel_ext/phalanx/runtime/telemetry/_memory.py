@@ -1,0 +1,146 @@
+"""How much memory this engine holds: process RSS, and CUDA allocator figures where CUDA runs.
+
+Sampled by the metrics sender's thread about once a second while a run goes, and answered on
+request between runs.  CUDA figures come from torch's caching allocator and only when this
+process has *already* initialised CUDA: asking ``torch.cuda`` for memory in a process that never
+used the GPU would create a CUDA context (hundreds of MB, seconds) just to report zero.
+
+Example::
+
+    >>> sample = memory_sample()
+    >>> sample["rss_mb"] > 0 and "cuda_allocated_mb" not in sample
+    True
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from ..run._device_rule import own_gpu_index
+
+_MB = 2**20
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def rss_bytes() -> int | None:
+    """Resident set size of this process (``/proc/self/statm``: one read, no psutil object)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
+    except Exception:
+        return None
+
+
+def cuda_in_use() -> bool:
+    """Whether torch is imported here and has initialised CUDA (never initialises it)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    try:
+        return bool(torch.cuda.is_initialized())
+    except Exception:
+        return False
+
+
+def own_device() -> int:
+    """This engine's own GPU: from its pinning (the metrics thread's current device is cuda:0
+    whatever the run set, since CUDA keeps one per thread), else the current device."""
+    import torch
+
+    index = own_gpu_index(os.environ, local_rank=None)
+    return torch.cuda.current_device() if index is None else index
+
+
+def memory_sample() -> dict:
+    """``{"t", "rss_mb"}`` plus ``cuda_allocated_mb``, ``cuda_reserved_mb``, ``cuda_peak_mb`` and
+    ``cuda_total_mb`` when this process uses CUDA."""
+    sample: dict = {"t": time.time()}
+    rss = rss_bytes()
+    if rss is not None:
+        sample["rss_mb"] = round(rss / _MB, 1)
+    if cuda_in_use():
+        import torch
+
+        try:
+            device = own_device()
+            sample.update(
+                cuda_allocated_mb=round(torch.cuda.memory_allocated(device) / _MB, 1),
+                cuda_reserved_mb=round(torch.cuda.memory_reserved(device) / _MB, 1),
+                cuda_peak_mb=round(torch.cuda.max_memory_allocated(device) / _MB, 1),
+                cuda_total_mb=round(torch.cuda.get_device_properties(device).total_memory / _MB, 1))
+        except Exception:  # a broken context must not stop the metrics thread
+            pass
+    return sample
+
+
+def reset_cuda_peak() -> None:
+    """Start a run's CUDA peak from now (only where CUDA is already in use)."""
+    if cuda_in_use():
+        import torch
+
+        try:
+            torch.cuda.reset_peak_memory_stats(own_device())
+        except Exception:
+            pass
+
+
+def collect_cuda_garbage(min_fraction: float = 0.05) -> bool:
+    """After a run: free the GPU memory of what the cell built and nothing reaches any more.
+
+    A cell's functions (through their globals) and torch's optimizers form reference cycles, so
+    without a full pass of Python's cycle collector, which a training loop rarely triggers, a
+    finished run's model, gradients and optimizer state stay on the GPU, into the next run.  A
+    full pass costs about 0.1 s, so it is made only when this process's live CUDA tensors hold
+    at least ``min_fraction`` of the device (never where CUDA is not in use).  Returns whether
+    it collected.
+    """
+    if not cuda_in_use():
+        return False
+    import gc
+
+    import torch
+
+    try:
+        device = own_device()
+        total = torch.cuda.get_device_properties(device).total_memory
+        if torch.cuda.memory_allocated(device) < min_fraction * total:
+            return False
+    except Exception:  # a broken context: nothing to free through it
+        return False
+    gc.collect()
+    return True
+
+
+class MemoryTracker:
+    """Samples at most every ``interval_s`` seconds; keeps the run's peaks.
+
+    ``interval_s`` of 0 turns sampling off (``due`` never says yes).
+    """
+
+    def __init__(self, interval_s: float = 1.0, clock=time.monotonic) -> None:
+        self.interval_s = interval_s
+        self.peak: dict[str, float] = {}
+        self.last: dict | None = None
+        self._clock = clock
+        self._next = clock()
+
+    def due(self) -> bool:
+        return self.interval_s > 0 and self._clock() >= self._next
+
+    def take(self) -> dict:
+        """A new sample; the run's peaks follow it."""
+        self._next = self._clock() + self.interval_s
+        sample = memory_sample()
+        for key in ("rss_mb", "cuda_allocated_mb", "cuda_reserved_mb", "cuda_peak_mb"):
+            if key in sample:
+                self.peak[key] = max(self.peak.get(key, 0.0), sample[key])
+        self.last = sample
+        return sample
