@@ -14,9 +14,9 @@ from typing import Any, Callable
 
 # component -> (module, attribute path) of each callable that runs inside a training step
 COMPONENTS: dict[str, list[tuple[str, str]]] = {
-    "optimizer step hooks": [("phalanx.runtime.sync._hooks", "StepHooks._before_step"),
-                             ("phalanx.runtime.sync._hooks", "StepHooks._after_step"),
-                             ("phalanx.runtime.sync._hooks", "StepHooks._framework_owned")],
+    "optimizer step hooks": [("phalanx.runtime.sync._zero_change", "StepHooks._before_step"),
+                             ("phalanx.runtime.sync._zero_change", "StepHooks._after_step"),
+                             ("phalanx.runtime.sync._zero_change", "StepHooks._framework_owned")],
     "gradient hooks": [("phalanx.runtime.sync._grad_sync", "GradientSync._on_grad"),
                        ("phalanx.runtime.sync._grad_sync", "GradientSync._on_forward"),
                        ("phalanx.runtime.sync._grad_sync", "GradientSync.check_closed"),
@@ -26,7 +26,7 @@ COMPONENTS: dict[str, list[tuple[str, str]]] = {
                        ("phalanx.runtime.sync._training_watch", "TrainingWatch._on_forward"),
                        ("phalanx.runtime.sync._forward_watch", "ForwardWatch._discover"),
                        ("phalanx.runtime.sync._forward_watch", "ForwardWatch._own")],
-    "guard": [("phalanx.runtime.sync._hooks", "check_every_steps")],
+    "guard": [("phalanx.runtime.sync._zero_change", "check_every_steps")],
     "metrics and step clock": [("phalanx.runtime.telemetry._metrics", "MetricsSender.set_step"),
                                ("phalanx.runtime.telemetry._timing", "StepClock.mark"),
                                ("phalanx.runtime.telemetry._timing", "StepClock.step_end")],

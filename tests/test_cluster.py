@@ -184,7 +184,7 @@ def test_mpi_launcher_starts_engines_under_mpiexec():
 
         ns = {"np": __import__("numpy")}
         body = ("from phalanx import allreduce\n"
-                "from phalanx.runtime.run._state import current_run\n"
+                "from phalanx.runtime.run._engine_state import current_run\n"
                 "total = allreduce(np.full(3, rank + 1.0), op='sum')\n"
                 "via = type(current_run().collectives._pick([total])).__name__\n")
         session.distributed_fit(body, FitOptions.build(backend="mpi", returns="total,via"), ns)

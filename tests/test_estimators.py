@@ -30,7 +30,7 @@ from phalanx.runtime.adapters.sklearn import (EstimatorAveragingWarning, Estimat
                                          patch_namespace_estimators, patch_partial_fit)
 from phalanx.runtime.adapters._import_watch import ImportWatch
 from phalanx.wire._options import TrainOptions
-from phalanx.runtime.run._state import RunContext
+from phalanx.runtime.run._engine_state import RunContext
 from phalanx.runtime.transport._comm import make_thread_communicators
 from deadlines import hang_limit
 
@@ -543,7 +543,7 @@ def test_sklearn_imported_by_the_cell_after_install_is_hooked():
     in the cell still gets its classes patched."""
     code = textwrap.dedent("""
         import inspect, sys
-        from phalanx.runtime.run._state import RunContext
+        from phalanx.runtime.run._engine_state import RunContext
         from phalanx.runtime.adapters.sklearn import install_estimator_sync, _Patched
         from phalanx.runtime.transport._comm import make_thread_communicators
         run = RunContext("t", 0, 1, None, collectives=make_thread_communicators(1)[0])

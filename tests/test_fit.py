@@ -135,7 +135,7 @@ for epoch in range(5):
 
 def test_warm_reuse_keeps_the_process_group_and_scaling_reforms_it(fit, shell):
     probe = """%%distributed_fit --return group_id,ws
-from phalanx.runtime.run._state import engine_state
+from phalanx.runtime.run._engine_state import engine_state
 group_id, ws = id(engine_state().group), world_size
 """
     run_cell(shell, probe)

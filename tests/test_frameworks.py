@@ -149,7 +149,7 @@ SCRIPTS = {"hf_trainer": HF_TRAINER, "accelerate": ACCELERATE, "lightning": LIGH
 
 # After the script, in the cell only: how many backward passes phalanx averaged itself.
 PASSES = """
-from phalanx.runtime.run._state import current_run
+from phalanx.runtime.run._engine_state import current_run
 phalanx_passes = current_run().passes
 """
 

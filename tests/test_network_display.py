@@ -4,7 +4,7 @@ import re
 
 import numpy as np
 from phalanx.network import machine, network_event, node, source
-from phalanx.network._display import STATE_COLOURS, layered_layout, render_svg
+from phalanx.network._drawing import STATE_COLOURS, layered_layout, render_svg
 from sklearn.linear_model import Ridge
 from sklearn.preprocessing import StandardScaler
 

@@ -3,7 +3,7 @@
 import dataclasses
 
 import pytest
-from phalanx.network._rules import FitRecord, MachineState, can_update, changed_params, decide
+from phalanx.network._retrain_rules import FitRecord, MachineState, can_update, changed_params, decide
 
 BASE = FitRecord(model_type="sk.GBR", params={"n_estimators": "n10", "lr": "a"},
                  scalars={"n_estimators": 10, "lr": 0.1, "warm_start": True},
@@ -104,7 +104,7 @@ def test_with_upstream_replaces_only_counters():
 
 
 def test_changed_training_graph_fits_and_breaks_input_reuse():
-    from phalanx.network._rules import same_inputs
+    from phalanx.network._retrain_rules import same_inputs
 
     other = changed(structure="g2")
     assert decide(trained(), other).reason == "its training graph changed"

@@ -67,7 +67,7 @@ def test_an_attribute_an_adapter_changed_again_is_put_back_and_said():
 # --- on a real cluster ---------------------------------------------------------------------
 
 TRAIN = """
-from phalanx.runtime.run._state import current_run
+from phalanx.runtime.run._engine_state import current_run
 import torch
 ledger = current_run().patches
 entries = ledger.describe()

@@ -90,7 +90,7 @@ BODY = """
 import socket
 import torch
 from phalanx import allreduce, log
-from phalanx.runtime.run._state import current_run
+from phalanx.runtime.run._engine_state import current_run
 model = torch.nn.Linear(3, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 for step in range(5):

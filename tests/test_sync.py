@@ -267,9 +267,9 @@ def test_base_strategy_is_usable_directly():
 
 def _one_rank_hooks_called(strategy_class):
     """The hooks a strategy got through one optimizer step of a one-rank run."""
-    from phalanx.runtime.sync._hooks import StepHooks
+    from phalanx.runtime.sync._zero_change import StepHooks
     from phalanx.runtime.sync._join import JoinControl
-    from phalanx.runtime.run._state import RunContext
+    from phalanx.runtime.run._engine_state import RunContext
 
     comm = make_thread_communicators(1)[0]
     run = RunContext(run_id="one-rank", rank=0, world_size=1, device=torch.device("cpu"),

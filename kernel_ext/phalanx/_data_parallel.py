@@ -68,7 +68,7 @@ def _strategy_flag(sync: Any) -> tuple[str, type | None]:
     if not isinstance(sync, type):
         raise TypeError(f"data_parallel(sync=...) takes a strategy name or a SyncStrategy "
                         f"subclass, got {type(sync).__name__} {sync!r}")
-    from .fit.run._options import STRATEGIES
+    from .fit.run._fit_options import STRATEGIES
     from .fit.run._strategy import notebook_strategy
 
     taken = ("estimator", "X", "y", *STRATEGIES)  # the cell's own names and the built-in ones

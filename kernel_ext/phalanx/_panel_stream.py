@@ -46,7 +46,7 @@ def thin_metrics(event: dict, line_points: int = LINE_POINTS) -> dict:
     """``event`` (``metrics``) with about ``line_points`` rows per rank at most and as many mean
     points per metric; every row of a rank that has no more than that."""
     rows, buckets = event["rows"], max(1, line_points // 4)
-    kept = _kept_rows(rows, line_points)
+    kept = _rows_shown(rows, line_points)
     thinned = rows if len(kept) == len(rows) else [rows[i] for i in kept.tolist()]
     means = {name: [points[i] for i in m4_indices(np.array([p[1] for p in points], float),
                                                   buckets).tolist()]
@@ -54,7 +54,7 @@ def thin_metrics(event: dict, line_points: int = LINE_POINTS) -> dict:
     return {**event, "rows": thinned, "means": means}
 
 
-def _kept_rows(rows: list[dict], line_points: int) -> np.ndarray:
+def _rows_shown(rows: list[dict], line_points: int) -> np.ndarray:
     ranks = np.fromiter((r["rank"] for r in rows), np.int64, len(rows))
     keep = np.zeros(len(rows), bool)
     names = list(dict.fromkeys(name for r in rows for name in r["metrics"]))

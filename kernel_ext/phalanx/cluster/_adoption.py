@@ -17,7 +17,7 @@ from ._engines import EngineStarter
 from ._errors import ClusterError
 from ._procs import ADOPTED
 from ._ranks import EngineSlot
-from ._state import ClusterState
+from ._cluster_state import ClusterState
 
 
 class Adoption:

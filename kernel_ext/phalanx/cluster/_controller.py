@@ -23,7 +23,7 @@ from ._exit_watch import ExitWatch
 from ._fork_server import ForkServer
 from ._heartbeat import CONTROLLER_ARGS
 from ._procs import quiet_logger
-from ._state import ClusterState
+from ._cluster_state import ClusterState
 from ._supervise import command as supervised, parent_env
 from ._warden import launched_processes
 

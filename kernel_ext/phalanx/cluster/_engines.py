@@ -25,7 +25,7 @@ from ._heartbeat import ENGINE_ARGS
 from ._probe import warm_up
 from ._ranks import EngineSlot, pair_by_host
 from ._registration import await_registration, pin_group
-from ._state import ClusterState
+from ._cluster_state import ClusterState
 from ._stopping import EngineStopper
 from ._warden import launched_processes
 

@@ -2,7 +2,7 @@
 
 Three sources tell: a launcher's engine set stopped (its exit callback), the controller let an
 engine go (its registration notice), the controller itself exited.  Each marks what it names in
-the shared :class:`~._state.ClusterState` at once, so ``%cluster status``, the widget and the
+the shared :class:`~phalanx.cluster._cluster_state.ClusterState` at once, so ``%cluster status``, the widget and the
 panel show it and the next run refuses to start on a dead rank.  The callbacks come from
 ipyparallel's loop thread and the client's thread, hence the state's lock.
 
@@ -20,7 +20,7 @@ import logging
 from typing import Any
 
 from ._locality import is_local
-from ._state import ClusterState
+from ._cluster_state import ClusterState
 
 log = logging.getLogger("phalanx")
 

@@ -12,7 +12,7 @@ Processes are started by ipyparallel's own ``Cluster`` and launchers.  What phal
   at once with the tail of its log, and nothing is left running.
 
 The manager decides what happens (is a cluster running, how many engines, which launcher and
-devices) and hands the doing to its parts, each given the shared :class:`~._state.ClusterState`
+devices) and hands the doing to its parts, each given the shared :class:`~phalanx.cluster._cluster_state.ClusterState`
 and the other parts it needs: :class:`~._controller.ControllerStarter`,
 :class:`~._engines.EngineStarter`, :class:`~._stopping.EngineStopper`,
 :class:`~._replace.Restarter`, :class:`~._teardown.ClusterTeardown`,
@@ -45,7 +45,7 @@ from ._procs import check_count
 from ._ranks import EngineSlot
 from ._replace import Restarter
 from ._reporting import StatusReport
-from ._state import ClusterState
+from ._cluster_state import ClusterState
 from ._stopping import EngineStopper
 from ._teardown import ClusterTeardown
 from ._warden import Warden

@@ -1,7 +1,7 @@
 """Waiting for new engines to register: match each to its slot, or say why it never will.
 
 Used by :class:`~._engines.EngineStarter`; reads and fills the slots of the shared
-:class:`~._state.ClusterState`.  Engines started as a group (MPI, SSH, batch jobs) are pinned to
+:class:`~phalanx.cluster._cluster_state.ClusterState`.  Engines started as a group (MPI, SSH, batch jobs) are pinned to
 their host's devices here too.  A start ends in one of three ways: every slot's engine answered
 the probe; an engine set died or its launcher knows it will not come (a batch job that ended, or
 stays pending past the timeout); or the timeout passed.  The error names the set and ends with
@@ -18,7 +18,7 @@ from ._launchers import log_tail
 from ._gpus import assign_devices, host_gpu_order
 from ._locality import host_label, is_local
 from ._probe import identify_engine, pin_engine
-from ._state import ClusterState
+from ._cluster_state import ClusterState
 
 
 def await_registration(state: ClusterState, slots: list, timeout: float) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from ._engines import EngineStarter
 from ._errors import ClusterError
 from ._procs import is_adopted
-from ._state import ClusterState
+from ._cluster_state import ClusterState
 from ._stopping import EngineStopper
 
 

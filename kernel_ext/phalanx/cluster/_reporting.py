@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ._fork_server import ForkServer
 from ._procs import memory_mb
-from ._state import ClusterState
+from ._cluster_state import ClusterState
 from ._warden import launched_processes
 
 

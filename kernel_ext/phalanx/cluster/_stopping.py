@@ -17,7 +17,7 @@ import logging
 
 from ._errors import ClusterError
 from ._procs import is_adopted, kill_leftovers, local_pids, shutdown_engines, terminate_together
-from ._state import ClusterState
+from ._cluster_state import ClusterState
 
 log = logging.getLogger("phalanx")
 

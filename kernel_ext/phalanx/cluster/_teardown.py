@@ -22,7 +22,7 @@ from ._fork_server import ForkServer
 from ._mpi_segments import mpich_segments, remove_segments
 from ._procs import children_of, kill_leftovers, local_pids, shutdown_engines, terminate_together
 from ._ranks import RankTable
-from ._state import ClusterState
+from ._cluster_state import ClusterState
 from ._stopping import EngineStopper
 
 log = logging.getLogger("phalanx")

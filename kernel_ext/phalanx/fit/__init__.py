@@ -6,7 +6,7 @@ ranks report, kept and condensed), :mod:`.exports` (TensorBoard, MLflow) and :mo
 from .run._checkpoints import CheckpointWarning
 from .run._errors import DistributedFitError, VersionSkewError
 from .telemetry._history import MetricHistory
-from .run._options import FitOptions, FitUsageError
+from .run._fit_options import FitOptions, FitUsageError
 from .telemetry._record import RunRecord
 from .run._run import FitRunner
 from .analysis._shipping import ShippingError, ShippingWarning

@@ -26,7 +26,7 @@ Example::
 
 from typing import Any
 
-from . import _display, _hooks, _scheduler
+from . import _drawing as _display, _upper_layers as _hooks, _scheduler
 from ._dask import dask_client, stop_dask
 from ._errors import MachineFitError, NetworkError
 from ._events import network_event

@@ -5,7 +5,7 @@ keeps what its last fit produced; a :class:`Node` is a value computed on demand,
 machine's method (``pca.transform(W)``) or by a plain function (a *static* node).
 
 Nothing here fits, schedules or draws anything: ``Node.fit``, calling a node and its notebook
-drawing hand the graph to the layers the package installs in :mod:`._hooks`.
+drawing hand the graph to the layers the package installs in :mod:`phalanx.network._upper_layers`.
 
 The functions that build them, :func:`source`, :func:`machine` and :func:`node`, are in
 :mod:`._build`.
@@ -35,8 +35,8 @@ from typing import Any
 from ._errors import NetworkError
 from ._fingerprint import select_rows
 from ._fitlog import FitLog
-from ._hooks import hooks
-from ._rules import MachineState
+from ._upper_layers import hooks
+from ._retrain_rules import MachineState
 
 # Methods a machine exposes as node-building operations.
 _OPERATIONS = ("transform", "predict", "inverse_transform", "predict_proba",

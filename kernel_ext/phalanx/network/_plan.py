@@ -23,7 +23,7 @@ from typing import Any
 from ._errors import NetworkError
 from ._fingerprint import fingerprint, n_rows, param_fingerprints, rows_fingerprint, scalar_params
 from ._graph import Machine, Node, Source, operation_closure
-from ._rules import FIT, SKIP, UPDATE, FitRecord, decide, same_inputs
+from ._retrain_rules import FIT, SKIP, UPDATE, FitRecord, decide, same_inputs
 from ._topology import Network
 
 

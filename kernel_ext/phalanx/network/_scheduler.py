@@ -32,7 +32,7 @@ from ._fingerprint import select_rows
 from ._fitlog import FitLog
 from ._graph import _NO_DATA, Machine, Node, Source, operation_closure
 from ._plan import FitPlan, Step, make_plan
-from ._rules import UPDATE, MachineState, changed_params
+from ._retrain_rules import UPDATE, MachineState, changed_params
 from ._tasks import apply_task, call_task, fit_task, runner_task, update_task
 from ._topology import Network
 

@@ -56,14 +56,14 @@ from ..wire._seam import Outcome as Outcome
 from ..wire._seam import RankResult as RankResult
 from ..wire._seam import ResumePlan as ResumePlan
 from ..wire._seam import RunSpec as RunSpec
-from .run._state import NotInRunError, current_run
+from .run._engine_state import NotInRunError, current_run
 
 if TYPE_CHECKING:  # loaded on first use (below); named here for type checkers
     from .sync._collectives import allreduce as allreduce
     from .sync._collectives import barrier as barrier
     from .sync._collectives import broadcast as broadcast
-    from .sync._hooks import no_sync as no_sync
-    from .sync._hooks import wrap as wrap
+    from .sync._zero_change import no_sync as no_sync
+    from .sync._zero_change import wrap as wrap
     from .commits._resume import steps as steps
     from .commits._resume import held_commits as held_commits
     from .run._entry import cached_hashes as cached_hashes
@@ -89,7 +89,7 @@ __all__ = ["log", "allreduce", "broadcast", "barrier", "wrap", "no_sync", "bytes
 # their modules import numpy, and importing phalanx must stay cheap (the kernel's
 # ``%load_ext`` and every engine's start import it).
 _CELL_API = {"allreduce": ".sync._collectives", "barrier": ".sync._collectives",
-             "broadcast": ".sync._collectives", "wrap": ".sync._hooks", "no_sync": ".sync._hooks",
+             "broadcast": ".sync._collectives", "wrap": ".sync._zero_change", "no_sync": ".sync._zero_change",
              "steps": ".commits._resume"}
 # What a strategy needs, loaded on first use like the cell's calls.
 _STRATEGY_API = {"SyncStrategy": ".sync._strategies", "param_values": ".sync._strategies",

@@ -253,11 +253,11 @@ def _restoring(memos: Mapping[str, Mapping[int, Any]]) -> Iterator[None]:
 def loads_returns(blob: bytes, memos: Mapping[str, Mapping[int, Any]]) -> Any:
     """Unpickle what :func:`dumps_returns` wrote, in the kernel that packed the names
     (``memos``: :attr:`GraphPacker.memos`): the notebook's objects get their new state; the
-    notebook's classes keep their own definition (see :mod:`._class_keeping`)."""
-    from ._class_keeping import loads_keeping_classes
+    notebook's classes keep their own definition (see :mod:`phalanx.wire._same_classes`)."""
+    from ._same_classes import loads_with_same_classes
 
     with _restoring(memos):
-        return loads_keeping_classes(blob)
+        return loads_with_same_classes(blob)
 
 
 def _original(key: tuple[str, int]) -> Any:

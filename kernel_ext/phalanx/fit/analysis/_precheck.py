@@ -22,7 +22,7 @@ import functools
 from typing import Any, Iterable, Mapping
 
 from ..run._dispatch import INJECTED
-from ..run._options import FitOptions, FitUsageError
+from ..run._fit_options import FitOptions, FitUsageError
 from ._names_read import split_reads
 from ._shipping import UndefinedNameError, check_defined, notebook_names, resolve_names
 from ..run._strategy import notebook_strategy

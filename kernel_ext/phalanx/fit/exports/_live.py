@@ -23,7 +23,7 @@ import numpy as np
 
 from ..analysis._cell_warning import warn_at_cell
 from ._run_shape import ExportWarning, Lines, RunInfo, Series, Sink, option_params, run_summary
-from ..run._options import FitUsageError
+from ..run._fit_options import FitUsageError
 
 log = logging.getLogger("phalanx")
 
@@ -150,7 +150,7 @@ def export_record(record: Any, sink: Sink) -> None:
 def open_live(opts: Any, tracker: Any, name: str) -> LiveExport | None:
     """The live export ``--tensorboard`` / ``--mlflow`` ask for (None: neither), each sink
     begun: a missing package (:class:`~phalanx.fit.exports._run_shape.MissingExtra`) or a destination that cannot be
-    written is said before anything is sent, as a :class:`~phalanx.fit.run._options.FitUsageError`."""
+    written is said before anything is sent, as a :class:`~phalanx.fit.run._fit_options.FitUsageError`."""
     from ._mlflow import MlflowSink
     from ._tensorboard import TensorBoardSink
 

@@ -27,7 +27,7 @@ from typing import Any, Mapping, Protocol
 import numpy as np
 
 from ..telemetry._digest import RankMeans
-from ..run._options import FitUsageError
+from ..run._fit_options import FitUsageError
 
 _BASE = ("rank", "step", "t")
 _KEPT_STEP_TIMES = 8192      # steps whose latest row time is remembered for the mean lines

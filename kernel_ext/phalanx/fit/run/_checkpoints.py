@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from typing import Mapping
 
 from ...wire._seam import RankResult, ResumePlan
-from ._options import FitUsageError
+from ._fit_options import FitUsageError
 
 LINEAGE_FILE = "lineage.json"
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ...wire._graph_pickle import GraphPacker
-from ._options import FitOptions, FitUsageError
+from ._fit_options import FitOptions, FitUsageError
 from ..analysis._shipping import check_defined, check_same_rows, content_hash, pack, resolve_names, split_rows
 from ._strategy import notebook_strategy
 

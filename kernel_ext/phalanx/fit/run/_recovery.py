@@ -24,7 +24,7 @@ from ._checkpoints import Lineage, plan_resume
 from ._dispatch import Prepared, prepare
 from ._engine_calls import call_each
 from ._errors import DistributedFitError, cause_of, restart_advice
-from ._options import FitOptions, FitUsageError
+from ._fit_options import FitOptions, FitUsageError
 from ._rendezvous import Rendezvous
 from ..telemetry._tracker import RunTracker
 

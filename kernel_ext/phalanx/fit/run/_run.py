@@ -35,7 +35,7 @@ from ..exports._run_shape import option_params
 from ..exports._live import open_live
 from ._kept_on_engines import KeptNames
 from ..analysis._manifest import build_manifest, check_versions, engine_versions
-from ._options import FitOptions, FitUsageError
+from ._fit_options import FitOptions, FitUsageError
 from ..debug._post_mortem import attach_post_mortem
 from ..telemetry._profile import ProfileReport
 from ._recovery import Job, Recovery

@@ -17,7 +17,7 @@ Example::
     >>> notebook_strategy("ten", {"ten": 10})
     Traceback (most recent call last):
     ...
-    phalanx.fit.run._options.FitUsageError: --sync ten: 'ten' is an int (10), not a SyncStrategy subclass; ...
+    phalanx.fit.run._fit_options.FitUsageError: --sync ten: 'ten' is an int (10), not a SyncStrategy subclass; ...
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import inspect
 from typing import Any, Mapping
 
 from ...wire._options import default_sync_params
-from ._options import STRATEGIES, FitUsageError
+from ._fit_options import STRATEGIES, FitUsageError
 from ..analysis._suggest import did_you_mean
 
 _MAIN = "__main__."

@@ -1,6 +1,6 @@
 """What one commit of a run's training state holds, and the commits an engine keeps in memory.
 
-A leaf of the runtime: the engine state (:mod:`phalanx.runtime.run._state`) owns a :class:`CommitStore` that lives
+A leaf of the runtime: the engine state (:mod:`phalanx.runtime.run._engine_state`) owns a :class:`CommitStore` that lives
 between cells, and :mod:`._checkpoint` builds, writes and reads the :class:`Commit` s in it.
 
 Example::

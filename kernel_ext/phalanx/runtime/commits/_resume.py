@@ -27,7 +27,7 @@ from . import _sharded_commits as sharded_commits
 from ._commits import Commit
 from ..run._fit_mode import mode_for
 from ...wire._seam import CheckpointSpec
-from ..run._state import RunContext, engine_state
+from ..run._engine_state import RunContext, engine_state
 
 
 class StopForResize(BaseException):

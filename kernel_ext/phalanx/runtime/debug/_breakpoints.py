@@ -30,7 +30,7 @@ from types import FrameType
 from typing import Any
 
 from ..run._control_channel import answer_on_control
-from ..run._state import RunContext, current_run, engine_state
+from ..run._engine_state import RunContext, current_run, engine_state
 from ..transport._comm_util import DEADLINES
 
 from ...wire._control_requests import DEBUG_REQUEST, HOLD_REQUEST, PAUSE_KEY  # noqa: E402

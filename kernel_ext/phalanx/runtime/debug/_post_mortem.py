@@ -24,7 +24,7 @@ from types import TracebackType
 from typing import Any
 
 from ._remote_pdb import RemotePdb
-from ..run._state import engine_state
+from ..run._engine_state import engine_state
 
 
 class NoFramesError(RuntimeError):
@@ -32,7 +32,7 @@ class NoFramesError(RuntimeError):
 
 
 @dataclass
-class KeptFailure:
+class FailureFrames:
     """One rank's failure of one run: what ``%debug`` opens."""
 
     run_id: str
@@ -51,7 +51,7 @@ def keep_failure(run_id: str, rank: int, exc: BaseException) -> bool:
     if isinstance(exc, (KeyboardInterrupt, bdb.BdbQuit)) or exc.__traceback__ is None:
         return False  # a quit debugger ended the run on purpose: nothing to look at
     error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-    state.post_mortem = KeptFailure(run_id, rank, error, exc.__traceback__)
+    state.post_mortem = FailureFrames(run_id, rank, error, exc.__traceback__)
     return True
 
 

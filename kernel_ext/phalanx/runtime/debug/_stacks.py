@@ -29,7 +29,7 @@ from typing import Any
 
 from ..run._control_channel import answer_on_control
 from ...wire._seam import CELL_FILENAME
-from ..run._state import engine_state
+from ..run._engine_state import engine_state
 
 from ...wire._control_requests import STACKS_REQUEST  # noqa: E402
 _RUNTIME = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # phalanx/runtime

@@ -21,7 +21,7 @@ from dataclasses import replace
 from typing import Any, Iterator
 
 from ..sync._agreement import check_run_agreement
-from ..sync._hooks import finish_uneven
+from ..sync._zero_change import finish_uneven
 from ._interrupts import InterruptGate
 from ..telemetry._memory import collect_cuda_garbage
 from ..debug._post_mortem import forget_failure, keep_failure
@@ -32,7 +32,7 @@ from ._returns import released_by_a_stop, returned, returned_so_far
 from ._run_children import end_children_since
 from ...wire._seam import CELL_FILENAME, Outcome, RankResult, RunSpec
 from ..debug._stacks import install_stacks_handler
-from ._state import RunContext, engine_state
+from ._engine_state import RunContext, engine_state
 from ._threads import share_cores
 from ..adapters.torchrun import torchrun_world
 from ._unreturned import unreturned_names
@@ -139,7 +139,7 @@ def _run_cell(spec: RunSpec, shard_blobs: dict[str, bytes] | None, gate: Interru
                              # stalled peer
                              ranks=tuple(int(r) for r in getattr(exc, "ranks", None) or ()),
                              memory=_memory_now(), **_progress(run))
-        failure = replace(failure, debuggable=_kept_for_debug(spec, exc))
+        failure = replace(failure, debuggable=_frames_held_for_debug(spec, exc))
         _shielded(_poison_group, state, exc)
         _shielded(end_children_since, started)  # nothing will wait for what the cell started
         if namespace is not None and (outcome is Outcome.INTERRUPTED or released_by_a_stop(exc)):
@@ -185,7 +185,7 @@ def _memory_now() -> dict | None:
         return None
 
 
-def _kept_for_debug(spec: RunSpec, exc: BaseException) -> bool:
+def _frames_held_for_debug(spec: RunSpec, exc: BaseException) -> bool:
     """Keep the failure's frames for ``%debug``; a failure to keep them never hides the
     run's own error."""
     try:
@@ -347,7 +347,7 @@ def _seed(seed: int | None, rank: int) -> None:
 
 def _install_hooks(run: RunContext, namespace: dict, shard: tuple[str, ...]) -> None:
     from ..debug._breakpoints import install_breakpoints
-    from ..sync._hooks import StepHooks, attach_existing_optimizers
+    from ..sync._zero_change import StepHooks, attach_existing_optimizers
     from ..sync._sharded import release_derived_classes
     from ..adapters import install_adapters
 

@@ -48,7 +48,7 @@ def forget_kept(names: Iterable[str] | None = None) -> list[str]:
     back (the cycle collector, then CUDA's cache); returns the names dropped."""
     import gc
 
-    from ._state import engine_state
+    from ._engine_state import engine_state
 
     state = engine_state()
     dropped = [n for n in (list(state.kept) if names is None else names) if n in state.kept]

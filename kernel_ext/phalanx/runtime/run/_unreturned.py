@@ -20,7 +20,7 @@ import sys
 from typing import Any, Iterable, Mapping
 
 from ...wire._seam import RunSpec
-from ._state import RunContext
+from ._engine_state import RunContext
 
 log = logging.getLogger("phalanx")
 

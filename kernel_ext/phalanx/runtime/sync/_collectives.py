@@ -15,7 +15,7 @@ import contextlib
 import numbers
 from typing import Any, cast
 
-from ..run._state import current_run
+from ..run._engine_state import current_run
 
 _OPS = ("sum", "mean", "max", "min")
 

@@ -33,7 +33,7 @@ during the run, and the classes of estimators handed over) carries a :class:`_Pa
 for ``partial_fit``/``fit``.  Nothing goes into the instances, so estimators pickle, deep-copy
 and ``--return`` as plain scikit-learn objects.  The classes are restored when the run ends.
 
-Layout: :mod:`._fitted` (what an estimator learned); the merge rules in :mod:`._rules`,
+Layout: :mod:`._fitted` (what an estimator learned); the merge rules in :mod:`phalanx.runtime.adapters.sklearn._merge_rules`,
 :mod:`._naive_bayes`, :mod:`._scalers` (helpers in :mod:`._pooling`) and :mod:`._choose` (which
 rule, meta-estimators); :mod:`._estimator_sync` (one estimator in one run); :mod:`._patch`,
 :mod:`._hook` and :mod:`._install` (routing the calls while runs are active).

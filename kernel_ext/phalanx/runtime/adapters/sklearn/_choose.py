@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 from ._fitted import _fitted_items, _is_fitted, _unique, is_incremental_estimator
 from ._naive_bayes import _CategoricalNB, _CountNB, _GaussianNB
-from ._rules import _Averaged, _Local, _RBMAveraged, _Rule, _SGDAveraged, _Stateless, _Warned
+from ._merge_rules import _Averaged, _Local, _RBMAveraged, _Rule, _SGDAveraged, _Stateless, _Warned
 from ._scalers import _MaxAbsScaler, _MinMaxScaler, _StandardScaler
 
 

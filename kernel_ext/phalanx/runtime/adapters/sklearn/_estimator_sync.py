@@ -9,10 +9,10 @@ import types
 import warnings
 from typing import Any, Callable
 
-from ...run._state import RunContext
+from ...run._engine_state import RunContext
 from ._choose import _choose_rule
 from ._fitted import _is_fitted
-from ._rules import _Rule
+from ._merge_rules import _Rule
 
 # The modules of this package: the frames a warning's stacklevel skips (see _caller_level).
 _PACKAGE = __name__.rpartition(".")[0] + "."

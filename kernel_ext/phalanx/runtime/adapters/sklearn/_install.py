@@ -7,7 +7,7 @@ import functools
 import threading
 from typing import Any, Callable
 
-from ...run._state import RunContext
+from ...run._engine_state import RunContext
 from ._estimator_sync import _EstimatorSync
 from ._fitted import is_incremental_estimator
 from ._hook import _HOOK

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._pooling import _pool
-from ._rules import _Rule
+from ._merge_rules import _Rule
 
 
 def _refresh_discrete_nb(est: Any) -> None:

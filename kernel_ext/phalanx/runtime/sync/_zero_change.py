@@ -27,7 +27,7 @@ from ._agreement import check_every_steps
 from ._join import KIND_CHECK, KIND_GRADIENTS
 from ...wire._lazy_params import is_lazy
 from ..adapters import wrap_estimator
-from ..run._state import RunContext, current_run, engine_state
+from ..run._engine_state import RunContext, current_run, engine_state
 from ._strategies import run_strategy
 from ._training_watch import TrainingWatch, framework_synced, is_dtensor
 

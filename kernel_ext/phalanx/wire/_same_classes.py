@@ -19,7 +19,7 @@ Example::
     ...     def norm(self):
     ...         return 1.0
     >>> blob = cloudpickle.dumps(Point())
-    >>> type(loads_keeping_classes(blob)) is Point
+    >>> type(loads_with_same_classes(blob)) is Point
     True
 """
 
@@ -70,7 +70,7 @@ class ClassKeepingUnpickler(pickle.Unpickler):
         return _cloudpickle._class_setstate(cls, state)
 
 
-def loads_keeping_classes(blob: bytes) -> Any:
+def loads_with_same_classes(blob: bytes) -> Any:
     """``cloudpickle.loads(blob)``, except that classes this process already has stay as they
     are."""
     return ClassKeepingUnpickler(io.BytesIO(blob)).load()
