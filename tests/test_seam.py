@@ -19,6 +19,7 @@ from phalanx.fit.run._waiter import Waiter
 from phalanx.runtime import (CheckpointSpec, GroupSpec, Outcome, RankResult, ResumePlan, RunSpec,
                              run_cell)
 from phalanx.wire._options import TrainOptions
+from phalanx.wire._seam import Fault
 
 
 def spec_for(rank: int, names: tuple[str, ...] = ()) -> RunSpec:
@@ -114,7 +115,8 @@ def test_a_lost_controller_is_the_runs_error_whoever_else_failed():
 
 
 def test_a_rank_released_by_a_peer_is_not_blamed_over_the_peer_it_waited_for():
-    released = RankResult(Outcome.RAISED, steps=4, error="CollectiveAborted", message="peer failed")
+    released = RankResult(Outcome.RAISED, steps=4, error="CollectiveAborted", fault=Fault.PEER,
+                          message="peer failed")
     assert root_cause({0: released, 1: RESULTS[Outcome.DIED]}) == 1
     assert root_cause({0: released, 1: RESULTS[Outcome.INTERRUPTED]}) == 0
 
@@ -173,3 +175,25 @@ def test_an_engine_answers_a_spec_it_cannot_run_with_a_result_not_an_exception()
     assert pickle.loads(pickle.dumps(result)) == result
     text = describe_failure(0, result, slot(0))
     assert "raised RuntimeError after 0 step(s)" in text and "never_shipped" in text
+
+
+def test_whose_fault_is_decided_by_type_on_the_engine_not_by_name():
+    """A subclass of a transport's error is still a peer's fault, and a person's own class that
+    happens to share a name with one is not: the kernel no longer reads type names."""
+    from phalanx.runtime.run._faults import fault_of
+    from phalanx.runtime.transport._comm_errors import (CollectiveAborted, CollectiveMismatch,
+                                                        CollectiveTimeout)
+
+    class SlowPeerAborted(CollectiveAborted):
+        pass
+
+    class CollectiveTimeoutError(Exception):  # a user's class, not phalanx's
+        pass
+
+    assert fault_of(SlowPeerAborted("rank 1 gave up")) is Fault.PEER
+    assert fault_of(CollectiveTimeout("waited 30 s")) is Fault.DEADLINE
+    assert fault_of(CollectiveMismatch("rank 0 entered allreduce, rank 1 broadcast")) is Fault.OWN
+    assert fault_of(CollectiveTimeoutError("mine")) is Fault.OWN
+    released = RankResult(Outcome.RAISED, error="SlowPeerAborted", fault=Fault.PEER)
+    own = RankResult(Outcome.RAISED, error="CollectiveAborted", fault=Fault.OWN)
+    assert root_cause({0: released, 1: own}) == 1

@@ -130,6 +130,24 @@ _KERNEL_MADE = frozenset({Outcome.DIED, Outcome.STOPPED, Outcome.UNRESPONSIVE,
                           Outcome.CONTROLLER_LOST})
 
 
+class Fault(enum.Enum):
+    """Whose fault a failed rank's error is.  The rank sorts its own exception by its type
+    (:func:`phalanx.runtime.run._faults.fault_of`), where the classes are; the kernel sorts the
+    ranks it speaks for.  The run's one error names the rank of the first fault that is its own.
+    """
+
+    OWN = "own"            # the rank's own error: its code, a library, its process or engine
+    PEER = "peer"          # raised because another rank failed (an aborted or broken collective,
+    #                        an interrupt the rank ignored while its peers were being released)
+    DEADLINE = "deadline"  # a collective's deadline passed waiting for the ranks it names
+    QUIT = "quit"          # the person quit the rank's debugger (``q`` at a breakpoint)
+
+    @property
+    def secondary(self) -> bool:
+        """Caused by another rank: reported only when nothing else explains the run's end."""
+        return self in (Fault.PEER, Fault.DEADLINE)
+
+
 @dataclass(frozen=True)
 class RankResult:
     """One rank's answer for an attempt (or the kernel's account of a rank that gave none)."""
@@ -138,6 +156,7 @@ class RankResult:
     steps: int = 0                     # optimizer steps this rank took
     ended_at: float = field(default_factory=time.time)  # wall clock: when it stopped
     error: str | None = None           # the exception's type name, or the kernel's name for the fault
+    fault: Fault | None = None         # whose fault ``error`` is (None where the rank did not fail)
     message: str = ""
     traceback: str | None = None       # from the cell's first line on
     wall_s: float | None = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Mapping
 
-from ...wire._seam import Outcome, RankResult
+from ...wire._seam import Fault, Outcome, RankResult
 from ..telemetry._memory import cuda_oom_text, host_signs, oom_hint
 
 # The names the kernel gives the faults of ranks that could not report their own (the error of
@@ -14,10 +14,9 @@ ENGINE_DIED = "EngineDied"
 STALLED = "Stalled"
 UNRESPONSIVE = "Unresponsive"
 CONTROLLER_DIED = "ControllerDied"
-DEBUGGER_QUIT = "BdbQuit"  # what a rank raises when the person quits its debugger (q)
-# Errors a rank raises because *another* rank failed: reported only when nothing else explains it.
-SECONDARY = ("CollectiveAborted", "PeerDied", "CollectiveTimeout", "CollectiveError", UNRESPONSIVE,
-             "DistBackendError", "DistNetworkError", "DistError")
+# Whose fault an error is travels with it (RankResult.fault, decided by type on the engine):
+# an error a rank raised because *another* rank failed is reported only when nothing else
+# explains the run's end.
 
 
 class DistributedFitError(RuntimeError):
@@ -115,7 +114,7 @@ def engine_fault(rank: int, slot: Any, exc: BaseException, what: str,
     (checking versions, shipping data, planning a resume, restarting an engine)."""
     where = f"rank {rank} (engine {slot.engine_id} on host {slot.host}, pid {slot.pid})"
     result = RankResult(Outcome.DIED if died else Outcome.RAISED,
-                        error=ENGINE_DIED if died else type(exc).__name__,
+                        error=ENGINE_DIED if died else type(exc).__name__, fault=Fault.OWN,
                         exit_code=slot.exit_code, message=cause_of(exc))
     if died:
         code = f" (exit code {slot.exit_code})" if slot.exit_code is not None else ""
@@ -158,12 +157,17 @@ def _indent(result: RankResult) -> str:
     return "\n".join("    " + line for line in trace.splitlines())
 
 
+def is_secondary(result: RankResult) -> bool:
+    """Whether ``result`` failed only because another rank did."""
+    return result.fault is not None and result.fault.secondary
+
+
 def root_cause(results: Mapping[int, RankResult]) -> int | None:
     """The rank whose fault ended the run: a dead engine, a rank's own error, a stalled rank."""
     failed = [r for r, res in sorted(results.items()) if res.failed]
     rules: tuple[Callable[[RankResult], bool], ...] = (
         lambda res: res.outcome is Outcome.DIED and not res.stalled,
-        lambda res: res.error not in SECONDARY and res.outcome is not Outcome.INTERRUPTED
+        lambda res: not is_secondary(res) and res.outcome is not Outcome.INTERRUPTED
         and not res.stalled,
         lambda res: res.stalled,
         lambda res: res.outcome is not Outcome.INTERRUPTED,
@@ -198,7 +202,7 @@ def failure(status: str, results: Mapping[int, RankResult], slots: list, opts: A
     if rank is None:
         return DistributedFitError(f"the run failed after {wall:.1f} s (steps: {listed})", status,
                                    None, results)
-    if results[rank].error == DEBUGGER_QUIT:  # `q` at a breakpoint: the person's own ending
+    if results[rank].fault is Fault.QUIT:  # `q` at a breakpoint: the person's own ending
         return DistributedFitError(
             f"rank {rank} ended the run from its debugger (q) at step {steps.get(rank, 0)} after "
             f"{wall:.1f} s; every rank was released and the engines are ready for the next run",

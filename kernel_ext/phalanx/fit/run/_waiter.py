@@ -18,10 +18,10 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from ...wire._seam import Outcome, RankResult
+from ...wire._seam import Fault, Outcome, RankResult
 from ..debug._breakpoints import PausedRanks
 from ._engine_calls import registered, signal_engines
-from ._errors import CONTROLLER_DIED, ENGINE_DIED, SECONDARY, STALLED, UNRESPONSIVE, cause_of
+from ._errors import CONTROLLER_DIED, ENGINE_DIED, STALLED, UNRESPONSIVE, cause_of, is_secondary
 from ._output import OutputStreamer
 
 RELEASE_GRACE_S = 10.0   # after interrupting, how long ranks get to come back before we say so
@@ -113,10 +113,9 @@ class Waiter:
         # unless a collective deadline names a rank still running: that one is stuck.  (An
         # abort names the rank that gave up: it is returning its own error, not stuck.)
         waited = time.monotonic() - failed_at
-        if any(rank in pending for r in failed if r.error == "CollectiveTimeout"
-               for rank in r.ranks):
+        if any(rank in pending for r in failed if r.fault is Fault.DEADLINE for rank in r.ranks):
             return True
-        if any(r.error not in SECONDARY for r in failed):
+        if not all(is_secondary(r) for r in failed):
             return waited > RELEASE_DELAY_S
         return waited > SECONDARY_GRACE_S
 
@@ -138,7 +137,8 @@ class Waiter:
         steps = self.tracker.steps.get(rank, 0)
         if _is_stopped(slot):  # the controller dropped a frozen engine: it cannot come back
             self._kill_stopped(rank, slot)
-            return RankResult(Outcome.STOPPED, error=STALLED, stopped=True, steps=steps,
+            return RankResult(Outcome.STOPPED, error=STALLED, fault=Fault.OWN, stopped=True,
+                              steps=steps,
                               message=str(exc))
         engine_gone = slot.state == "dead" or not registered(self.cluster, slot.engine_id)
         if engine_gone:
@@ -146,9 +146,11 @@ class Waiter:
             return died(slot, self.tracker, rank, str(exc))
         if getattr(exc, "ename", None) == "KeyboardInterrupt" and self.released_at is not None:
             # our interrupt reached the engine just outside the cell (while it was returning)
-            return RankResult(Outcome.INTERRUPTED, error="KeyboardInterrupt", steps=steps,
+            return RankResult(Outcome.INTERRUPTED, error="KeyboardInterrupt", fault=Fault.OWN,
+                              steps=steps,
                               message="interrupted while returning")
-        return RankResult(Outcome.RAISED, error=type(exc).__name__, message=str(exc),
+        return RankResult(Outcome.RAISED, error=type(exc).__name__, fault=Fault.OWN,
+                          message=str(exc),
                           traceback=f"{type(exc).__name__}: {exc}", steps=steps)
 
     def _release(self, pending: set[int], failed: list[RankResult]) -> None:
@@ -157,8 +159,8 @@ class Waiter:
             self.released_at = self.released_at or time.monotonic()
             return
         self.released_at = time.monotonic()
-        timeouts = [r for r in failed if r.error == "CollectiveTimeout"]
-        if failed and all(r.error in SECONDARY for r in failed) and timeouts:
+        timeouts = [r for r in failed if r.fault is Fault.DEADLINE]
+        if failed and all(is_secondary(r) for r in failed) and timeouts:
             # a deadline names who kept the others waiting (torch's own timeouts name nobody);
             # a rank named by an abort gave up on its own and is reporting, not stalled
             named = {rank for r in timeouts for rank in r.ranks if rank in pending}
@@ -191,7 +193,7 @@ class Waiter:
     def _abandon(self, pending: set[int], results: dict[int, RankResult]) -> None:
         for rank in list(pending):
             results[rank] = RankResult(
-                Outcome.UNRESPONSIVE, error=UNRESPONSIVE, steps=self.tracker.steps.get(rank, 0),
+                Outcome.UNRESPONSIVE, error=UNRESPONSIVE, fault=Fault.PEER, steps=self.tracker.steps.get(rank, 0),
                 grace_s=RELEASE_GRACE_S,
                 message=f"did not stop within {RELEASE_GRACE_S:g} s of an interrupt")
             pending.discard(rank)
@@ -204,7 +206,7 @@ class Waiter:
         """No result can arrive without the controller: every rank still running ends now (its
         engine exits by itself when its heartbeats go unanswered)."""
         for rank in sorted(pending):
-            results[rank] = RankResult(Outcome.CONTROLLER_LOST, error=CONTROLLER_DIED,
+            results[rank] = RankResult(Outcome.CONTROLLER_LOST, error=CONTROLLER_DIED, fault=Fault.OWN,
                                        steps=self.tracker.steps.get(rank, 0),
                                        controller=dict(self.cluster.controller_exit))
         pending.clear()
@@ -215,7 +217,7 @@ class Waiter:
             if result is None or result.ok or (
                     result.outcome is Outcome.DIED and rank not in self.stopped):
                 continue
-            if not (result.error in SECONDARY or result.outcome in _STALL_OUTCOMES):
+            if not (is_secondary(result) or result.outcome in _STALL_OUTCOMES):
                 continue  # it failed on its own: that error is the report
             results[rank] = replace(result, stalled=True, stopped=rank in self.stopped,
                                     waited_s=self.opts.collective_timeout,
@@ -259,6 +261,6 @@ def _await_exit_code(slot: Any, timeout: float = 1.0) -> None:
 
 def died(slot: Any, tracker: Any, rank: int, detail: str = "") -> RankResult:
     memory = getattr(tracker, "memory", None)
-    return RankResult(Outcome.DIED, error=ENGINE_DIED, exit_code=slot.exit_code,
+    return RankResult(Outcome.DIED, error=ENGINE_DIED, fault=Fault.OWN, exit_code=slot.exit_code,
                       steps=tracker.steps.get(rank, 0), message=detail,
                       memory=memory.latest().get(rank) if memory is not None else None)

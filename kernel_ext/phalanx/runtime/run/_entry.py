@@ -33,6 +33,7 @@ from ._run_children import end_children_since
 from ...wire._seam import CELL_FILENAME, Outcome, RankResult, RunSpec
 from ..debug._stacks import install_stacks_handler
 from ._engine_state import RunContext, engine_state
+from ._faults import fault_of
 from ._threads import share_cores
 from ..adapters.torchrun import torchrun_world
 from ._unreturned import unreturned_names
@@ -132,7 +133,8 @@ def _run_cell(spec: RunSpec, shard_blobs: dict[str, bytes] | None, gate: Interru
         # Describe the failure before cleaning up: an interrupt arriving during the cleanup must
         # not replace the error that caused it.
         outcome = Outcome.INTERRUPTED if isinstance(exc, KeyboardInterrupt) else Outcome.RAISED
-        failure = RankResult(outcome, error=type(exc).__name__, message=str(exc),
+        failure = RankResult(outcome, error=type(exc).__name__, fault=fault_of(exc),
+                             message=str(exc),
                              traceback=_format_traceback(exc), steps=run.progress if run else 0,
                              host=socket.gethostname(), pid=os.getpid(),
                              # the ranks a collective error blames (missing, dead): names a
