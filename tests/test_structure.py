@@ -2,7 +2,8 @@
 
 Every ``import`` statement counts, at module level or inside a function: a function-level import
 hides a cycle from Python's import machinery, not from the design.  Imports by string
-(``importlib.import_module``) are not seen.
+(``importlib.import_module``) are not seen, nor those under ``if TYPE_CHECKING:``: they name a
+type for the checker (a ``RunContext`` field's class, a callback's argument) and never run.
 """
 
 from __future__ import annotations
@@ -29,7 +30,12 @@ def imports_of(name: str, path: Path, modules: set[str]) -> set[str]:
     # a package's own relative imports start from itself, a module's from its package
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    type_only = {id(n) for block in ast.walk(tree) if _is_type_checking_block(block)
+                 for stmt in block.body for n in ast.walk(stmt)}
+    for node in ast.walk(tree):
+        if id(node) in type_only:
+            continue
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -42,6 +48,15 @@ def imports_of(name: str, path: Path, modules: set[str]) -> set[str]:
                 # ``from pkg import sub`` imports the submodule; ``from mod import name``, mod
                 found.add(submodule if submodule in modules else base)
     return {m for m in found if m in modules and m != name}
+
+
+def _is_type_checking_block(node: ast.AST) -> bool:
+    """``if TYPE_CHECKING:`` (or ``typing.TYPE_CHECKING``): imports only the type checker sees."""
+    if not isinstance(node, ast.If):
+        return False
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
 def import_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
@@ -72,7 +87,8 @@ def test_the_graph_resolves_relative_and_function_level_imports(tmp_path):
     (pkg / "a.py").write_text("def f():\n    from .sub import b\n")
     (pkg / "sub" / "__init__.py").write_text("from . import b\n")
     (pkg / "sub" / "b.py").write_text("from .. import a\nimport pkg.sub.c\nimport os\n")
-    (pkg / "sub" / "c.py").write_text("from ..sub import VALUE\n")  # a name: the package
+    (pkg / "sub" / "c.py").write_text("from ..sub import VALUE\n"  # a name: the package
+                                      "if TYPE_CHECKING:\n    from . import b\n")  # type only
     assert import_graph(pkg) == {"pkg": {"pkg.a"}, "pkg.a": {"pkg.sub.b"},
                                  "pkg.sub": {"pkg.sub.b"}, "pkg.sub.b": {"pkg.a", "pkg.sub.c"},
                                  "pkg.sub.c": {"pkg.sub"}}

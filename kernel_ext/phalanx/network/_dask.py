@@ -28,7 +28,12 @@ import os
 import socket
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Protocol, TypeAlias, TypeGuard, TypeVar
+
+if TYPE_CHECKING:
+    import ipyparallel
+    from distributed import Client as DaskClient, Future
+    from distributed import Worker
 
 from ._tasks import raise_task
 
@@ -39,9 +44,28 @@ _CACHE_ATTR = "_phalanx_dask_client"
 _SCRATCH_ATTR = "_phalanx_scratch"
 LOOPBACK = "127.0.0.1"
 
+M = TypeVar("M")
 
-def dask_client(cluster: Any, timeout: float = 60.0, tls: bool | None = None,
-                dashboard_address: str | None = None) -> Any:
+
+class HasClient(Protocol):
+    """The session's cluster manager: it has the ipyparallel (or dask) client."""
+
+    @property
+    def client(self) -> ipyparallel.Client | DaskClient: ...
+
+
+class _EngineKernel(Protocol):
+    """An engine's kernel: where ipyparallel keeps the engine's dask worker."""
+
+    distributed_worker: Worker | None
+
+
+# What a fit's ``cluster=`` takes.
+ClusterArg: TypeAlias = "DaskClient | ipyparallel.Client | HasClient"
+
+
+def dask_client(cluster: ClusterArg, timeout: float = 60.0, tls: bool | None = None,
+                dashboard_address: str | None = None) -> DaskClient:
     """The dask ``distributed.Client`` for ``cluster``, starting dask on the engines once.
 
     ``cluster`` is a dask ``Client`` (used as is), an ipyparallel ``Client``, or an object
@@ -83,7 +107,7 @@ def dask_client(cluster: Any, timeout: float = 60.0, tls: bool | None = None,
     return client
 
 
-def dask_tasks_running(cluster: Any) -> int | None:
+def dask_tasks_running(cluster: ClusterArg) -> int | None:
     """How many dask tasks the engines' workers are running now; None where dask has not been
     started on ``cluster`` (nothing is started to find out)."""
     try:
@@ -99,7 +123,7 @@ def dask_tasks_running(cluster: Any) -> int | None:
         return None
 
 
-def stop_dask(cluster: Any) -> bool:
+def stop_dask(cluster: ClusterArg) -> bool:
     """Stop the dask scheduler and workers that :func:`dask_client` started for ``cluster``.
 
     Returns whether there was anything to stop.  A dask ``Client`` passed in directly
@@ -125,8 +149,8 @@ def stop_dask(cluster: Any) -> bool:
     return True
 
 
-def _start(ipp: Any, targets: list[int], remote: str | None, tls: bool,
-           dashboard_address: str | None) -> Any:
+def _start(ipp: ipyparallel.Client, targets: list[int], remote: str | None, tls: bool,
+           dashboard_address: str | None) -> DaskClient:
     """A scheduler in the kernel, one worker per engine, and a client of that scheduler."""
     from distributed import Client as DaskClient, LocalCluster, Security
 
@@ -162,7 +186,7 @@ def _start(ipp: Any, targets: list[int], remote: str | None, tls: bool,
         raise
 
 
-def _engine_ids(cluster: Any, ipp: Any) -> list[int]:
+def _engine_ids(cluster: ClusterArg, ipp: ipyparallel.Client) -> list[int]:
     """The engines to run workers in: the session's live engines where it knows them
     (ipyparallel's own list still holds an engine a scale just removed), else every one."""
     slots = getattr(cluster, "slots", None)
@@ -172,7 +196,7 @@ def _engine_ids(cluster: Any, ipp: Any) -> list[int]:
     return list(ipp.ids)
 
 
-def _engines_elsewhere(cluster: Any, ipp: Any, targets: list[int]) -> str | None:
+def _engines_elsewhere(cluster: ClusterArg, ipp: ipyparallel.Client, targets: list[int]) -> str | None:
     """None when every engine runs on this host, else this host's address towards them."""
     from distributed.utils import get_ip
 
@@ -186,7 +210,7 @@ def _engines_elsewhere(cluster: Any, ipp: Any, targets: list[int]) -> str | None
     return None if set(hosts) == {socket.gethostname()} else ""
 
 
-def _stop(ipp: Any, client: Any) -> None:
+def _stop(ipp: ipyparallel.Client | DaskClient, client: DaskClient) -> None:
     scheduler = getattr(client, "cluster", None)
     try:
         client.close()
@@ -203,7 +227,7 @@ def _stop(ipp: Any, client: Any) -> None:
                 scratch.remove()
 
 
-def _close_workers(ipp: Any, targets: list[int], wait_s: float = 10.0) -> None:
+def _close_workers(ipp: ipyparallel.Client | DaskClient, targets: list[int], wait_s: float = 10.0) -> None:
     """Close the dask worker in each engine that still answers (a dead one took its worker
     with it).  One request per engine: an engine that vanished must not spare the others."""
     pending = []
@@ -221,7 +245,7 @@ def _close_workers(ipp: Any, targets: list[int], wait_s: float = 10.0) -> None:
 
 # --- run in the engines (shipped by reference: engines import phalanx) --------------------------
 
-def _start_engine_worker(address: str, **worker_args: Any) -> None:
+def _start_engine_worker(address: str, **worker_args: object) -> None:
     """Start a dask worker inside this engine's event loop (replacing a closed or stale one).
 
     With no ``host`` the worker listens on this engine's address towards the scheduler: the
@@ -252,13 +276,13 @@ def _close_engine_worker() -> None:
         asyncio.ensure_future(worker.close(reason="phalanx stop_dask"))
 
 
-def _engine_kernel() -> Any:
+def _engine_kernel() -> _EngineKernel:
     from IPython import get_ipython
 
     return get_ipython().kernel
 
 
-def _ipp_client(cluster: Any) -> Any:
+def _ipp_client(cluster: ClusterArg) -> ipyparallel.Client | DaskClient:
     import ipyparallel
     from distributed import Client as DaskClient
 
@@ -275,20 +299,20 @@ class DaskBackend:
 
     name = "dask"
 
-    def __init__(self, cluster: Any) -> None:
+    def __init__(self, cluster: ClusterArg) -> None:
         self.client = dask_client(cluster)
         # Cached inputs are futures of one scheduler: valid only while that client lives.
         self.token = f"dask:{id(self.client)}:{self.client.id}"
 
-    def put(self, value: Any) -> Any:
+    def put(self, value: object) -> Future:
         # A list around the value keeps scatter from splitting a list-valued source.
         return self.client.scatter([value], hash=False)[0]
 
-    def submit(self, fn: Callable, *args: Any, key: str = "task") -> Any:
+    def submit(self, fn: Callable[..., object], *args: object, key: str = "task") -> Future:
         # Unique keys: the same machine fitted in two fits must be two tasks.
         return self.client.submit(fn, *args, key=f"{key}-{uuid.uuid4().hex[:10]}", pure=False)
 
-    def local(self, fn: Callable, *args: Any, key: str = "task") -> Any:
+    def local(self, fn: Callable[..., object], *args: object, key: str = "task") -> Future:
         """Run ``fn`` in the kernel (e.g. a ``fit_runner`` driving the engines itself)."""
         try:
             values = [self.client.gather(a) if _is_future(a) else a for a in args]
@@ -296,21 +320,22 @@ class DaskBackend:
         except Exception as exc:  # noqa: BLE001 - becomes an erred future, like a task
             return self.submit(raise_task, exc, key=key)
 
-    def own(self, obj: Any) -> Any:
+    def own(self, obj: M) -> M:
         return obj  # shipping to a worker already copies it
 
-    def keep(self, future: Any) -> Any:
+    def keep(self, future: Future) -> Future:
         return future  # holding the future keeps the data on its worker
 
-    def valid(self, futures: list) -> bool:
+    def valid(self, futures: list[Future]) -> bool:
         return self.client.status == "running" and all(
             not _is_future(f) or f.status == "finished" for f in futures)
 
-    def result(self, future: Any) -> Any:
+    def result(self, future: Future) -> object:
         return future.result()
 
-    def as_completed(self, handles: list, deps: dict, on_start: Callable[[Any], None]
-                     ) -> Iterator[tuple[Any, BaseException | None, Any]]:
+    def as_completed(self, handles: list[Future], deps: dict[Future, list[Future]],
+                     on_start: Callable[[Future], None]
+                     ) -> Iterator[tuple[Future, BaseException | None, object]]:
         from distributed import as_completed
 
         waiting = list(handles)
@@ -334,7 +359,7 @@ class DaskBackend:
             start_ready()
 
 
-def _is_future(obj: Any) -> bool:
+def _is_future(obj: object) -> TypeGuard[Future]:
     from distributed import Future
 
     return isinstance(obj, Future)

@@ -21,12 +21,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..events import network_state
 from ._graph import operation_closure
 from ._plan import make_plan
 from ._topology import Network
+
+if TYPE_CHECKING:
+    from ._fitlog import FitLog
+    from ._graph import Machine, Node, Source
+    from ._plan import FitPlan
 
 log = logging.getLogger("phalanx")
 
@@ -34,7 +39,7 @@ log = logging.getLogger("phalanx")
 _SEVERITY = ("failed", "fitting", "queued", "stale", "fresh", "fitted")
 
 
-def network_event(target: Any, network_id: str | None = None) -> dict:
+def network_event(target: Node | Machine, network_id: str | None = None) -> dict:
     """A ``network`` event describing ``target``'s network now (stale machines marked).
 
     Example::
@@ -76,7 +81,7 @@ class Reporter:
         self.states: dict[str, str] = {}
         self._by_name = {m.name: m for m in network.machines}
 
-    def begin(self, plan: Any) -> None:
+    def begin(self, plan: FitPlan) -> None:
         """Machines that will train are queued; the rest show their resting state."""
         for step in plan.steps:
             self.states[step.name] = "queued" if step.runs else _rest_state(step.machine, False)
@@ -86,7 +91,7 @@ class Reporter:
         """``name`` started training."""
         self._set(name, "fitting")
 
-    def finished(self, name: str, error: BaseException | None, value: Any) -> None:
+    def finished(self, name: str, error: BaseException | None, value: object) -> None:
         """``name`` finished (``error`` set when it, or something upstream, failed)."""
         if error is None:
             self._set(name, "fitted")
@@ -96,7 +101,7 @@ class Reporter:
         cancelled = any(self.states.get(up.name) in ("failed", "stale") for up in ups)
         self._set(name, "stale" if cancelled else "failed")
 
-    def end(self, log: Any) -> None:
+    def end(self, log: FitLog) -> None:
         """Final states: cancelled machines go back to stale, nothing is left in flight."""
         for m in self.network.machines:
             if m.name in log.cancelled or self.states.get(m.name) in ("queued", "fitting"):
@@ -117,7 +122,7 @@ class Reporter:
             log.exception("network event callback failed; the fit goes on")
 
 
-def _rest_state(m: Any, would_run: bool) -> str:
+def _rest_state(m: Machine, would_run: bool) -> str:
     if m.status == "failed":
         return "failed"
     if m.fitted is None:
@@ -137,11 +142,11 @@ def _target_name(network: Network) -> str:
     return getattr(target, "name", "network")
 
 
-def _source_dict(s: Any) -> dict:
+def _source_dict(s: Source) -> dict:
     return _node_dict(s.name, s.name, "source", "fresh" if s.data is None else "fitted")
 
 
-def _machine_dict(m: Any, state: str) -> dict:
+def _machine_dict(m: Machine, state: str) -> dict:
     d = _node_dict(m.name, m.name, "machine", state)
     d.update(fit_time_s=m._state.fit_time_s, estimator=type(m.model).__name__,
              params=_short_params(m.model), last_action=m._state.last_action)
@@ -153,7 +158,7 @@ def _node_dict(id_: str, label: str, kind: str, state: str) -> dict:
             "estimator": None, "params": {}, "last_action": None}
 
 
-def _short_params(model: Any) -> dict[str, str]:
+def _short_params(model: object) -> dict[str, str]:
     if not hasattr(model, "get_params"):
         return {}
     out = {}

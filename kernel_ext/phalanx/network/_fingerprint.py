@@ -22,11 +22,25 @@ import hashlib
 import os
 import pickle
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeGuard
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import scipy.sparse
+    import torch
+
+# A row selection: None (all rows), a slice, positions, or a boolean mask.
+Rows: TypeAlias = "slice | Sequence[int] | Sequence[bool] | np.ndarray | None"
+
+
+class _Hasher(Protocol):
+    def update(self, data: bytes | memoryview, /) -> None: ...
+
+    def hexdigest(self) -> str: ...
+
 
 _SCALARS = (type(None), bool, int, float, complex, str, bytes)
 
@@ -40,7 +54,7 @@ _CHUNK = 1 << 23
 _PARALLEL = 1 << 26
 
 
-def _new_hasher() -> Any:
+def _new_hasher() -> _Hasher:
     return hashlib.sha1(usedforsecurity=False)
 
 
@@ -57,7 +71,7 @@ def _sha1_digest(chunk: memoryview) -> bytes:
     return hashlib.sha1(chunk, usedforsecurity=False).digest()
 
 
-def fingerprint(obj: Any) -> str:
+def fingerprint(obj: object) -> str:
     """A hex digest of ``obj``'s content; equal values give equal digests.
 
     Example::
@@ -70,7 +84,7 @@ def fingerprint(obj: Any) -> str:
     return h.hexdigest()
 
 
-def param_fingerprints(model: Any) -> dict[str, str]:
+def param_fingerprints(model: object) -> dict[str, str]:
     """Per-hyperparameter fingerprints of an estimator (``get_params(deep=False)``).
 
     Nested estimators are hashed by type and their own parameters, so tuning one through
@@ -88,14 +102,14 @@ def param_fingerprints(model: Any) -> dict[str, str]:
     return {k: fingerprint(v) for k, v in model.get_params(deep=False).items()}
 
 
-def scalar_params(model: Any) -> dict[str, Any]:
+def scalar_params(model: object) -> dict[str, object]:
     """The scalar hyperparameters of ``model`` (kept to judge warm updates)."""
     if not hasattr(model, "get_params"):
         return {}
     return {k: v for k, v in model.get_params(deep=False).items() if isinstance(v, _SCALARS)}
 
 
-def rows_fingerprint(rows: Any) -> str:
+def rows_fingerprint(rows: Rows) -> str:
     """Fingerprint of a row selection, the same whatever container holds the indices.
 
     Example::
@@ -114,7 +128,7 @@ def rows_fingerprint(rows: Any) -> str:
     return fingerprint(np.ascontiguousarray(idx))
 
 
-def select_rows(data: Any, rows: Any) -> Any:
+def select_rows(data: Any, rows: Rows) -> object:
     """``data`` restricted to ``rows`` (``None`` means all rows).
 
     Works for numpy arrays, pandas objects (positional), sparse matrices, tensors and lists.
@@ -149,7 +163,7 @@ def n_rows(data: Any) -> int | None:
 
 # --- hashing ----------------------------------------------------------------------------------
 
-def _feed(h: Any, obj: Any, depth: int) -> None:
+def _feed(h: _Hasher, obj: object, depth: int) -> None:
     if depth > 50:
         # A self-referencing structure: identity is the best we can do.
         h.update(f"<deep:{id(obj)}>".encode())
@@ -178,7 +192,7 @@ def _feed(h: Any, obj: Any, depth: int) -> None:
         h.update(_opaque_bytes(obj))
 
 
-def _feed_array(h: Any, a: np.ndarray, depth: int) -> None:
+def _feed_array(h: _Hasher, a: np.ndarray, depth: int) -> None:
     h.update(f"{a.dtype.str}{a.shape}".encode())
     if a.dtype.hasobject:
         for item in a.ravel():
@@ -187,7 +201,7 @@ def _feed_array(h: Any, a: np.ndarray, depth: int) -> None:
         _feed_buffer(h, np.ascontiguousarray(a).data.cast("B"))
 
 
-def _feed_buffer(h: Any, buf: memoryview) -> None:
+def _feed_buffer(h: _Hasher, buf: memoryview) -> None:
     fast = _fast_digest()
     if buf.nbytes > _PARALLEL:
         chunks = [buf[i:i + _CHUNK] for i in range(0, buf.nbytes, _CHUNK)]
@@ -200,13 +214,13 @@ def _feed_buffer(h: Any, buf: memoryview) -> None:
         h.update(buf)
 
 
-def _feed_mapping(h: Any, m: Mapping, depth: int) -> None:
+def _feed_mapping(h: _Hasher, m: Mapping, depth: int) -> None:
     for key in sorted(m, key=repr):
         h.update(repr(key).encode() + b"=")
         _feed(h, m[key], depth + 1)
 
 
-def _opaque_bytes(obj: Any) -> bytes:
+def _opaque_bytes(obj: object) -> bytes:
     # pandas objects, functions, random states...: their pickle is their content.  cloudpickle
     # handles lambdas and closures; an object nothing can pickle is compared by identity.
     for dumps in (pickle.dumps, _cloudpickle_dumps):
@@ -217,17 +231,17 @@ def _opaque_bytes(obj: Any) -> bytes:
     return f"<id:{id(obj)}>".encode()
 
 
-def _cloudpickle_dumps(obj: Any) -> bytes:
+def _cloudpickle_dumps(obj: object) -> bytes:
     import cloudpickle
 
     return cloudpickle.dumps(obj)
 
 
-def _is_sparse(obj: Any) -> bool:
+def _is_sparse(obj: object) -> TypeGuard[scipy.sparse.spmatrix]:
     sparse = sys.modules.get("scipy.sparse")
     return sparse is not None and sparse.issparse(obj)
 
 
-def _is_tensor(obj: Any) -> bool:
+def _is_tensor(obj: object) -> TypeGuard[torch.Tensor]:
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(obj, torch.Tensor)

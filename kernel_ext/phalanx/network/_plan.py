@@ -18,13 +18,16 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ._errors import NetworkError
 from ._fingerprint import fingerprint, n_rows, param_fingerprints, rows_fingerprint, scalar_params
 from ._graph import Machine, Node, Source, operation_closure
 from ._retrain_rules import FIT, SKIP, UPDATE, FitRecord, decide, same_inputs
 from ._topology import Network
+
+if TYPE_CHECKING:
+    from ._fingerprint import Rows
 
 
 @dataclass(frozen=True)
@@ -50,7 +53,7 @@ class FitPlan:
 
     network: Network
     steps: tuple[Step, ...]
-    rows: Any = None
+    rows: Rows = None
 
     @property
     def to_run(self) -> list[Step]:
@@ -62,7 +65,7 @@ class FitPlan:
         return next(s for s in self.steps if s.machine is m)
 
 
-def make_plan(network: Network, rows: Any = None, force: bool = False,
+def make_plan(network: Network, rows: Rows = None, force: bool = False,
               preview: bool = False) -> FitPlan:
     """Decide what each machine of ``network`` does in a fit with ``rows`` and ``force``.
 

@@ -126,6 +126,7 @@ def log(**metrics: object) -> None:
     run.log_calls += 1
     # With no optimizer step yet (or none at all) the row is placed by its log call number.
     step = run.steps if run.strategies or run.steps else run.log_calls
+    assert run.metrics is not None   # set as the run starts
     run.metrics.record(step, metrics)
     clock = getattr(run.metrics, "clock", None)
     if clock is not None:
@@ -165,4 +166,5 @@ def bytes_sent() -> int:
         log(loss=loss.item(), mbytes=bytes_sent() / 1e6)
     """
     run = current_run()
+    assert run.collectives is not None   # set as the run starts
     return run.collectives.bytes_sent - run.bytes_at_start

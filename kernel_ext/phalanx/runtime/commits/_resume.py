@@ -60,10 +60,10 @@ def steps(total: int) -> Iterator[int]:
     keeper = run.checkpoints if run is not None else None
     if keeper is not None:
         keeper.used = True
-    first = keeper.restore(run) if keeper is not None else 0
+    first = keeper.restore(run) if keeper is not None and run is not None else 0
     for index in range(first, total):
         yield index
-        if keeper is not None:
+        if keeper is not None and run is not None:
             keeper.after_iteration(run, index + 1)
 
 

@@ -10,11 +10,27 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..commits._commits import CommitStore
 from ...wire._options import TrainOptions
 from ._patch_ledger import PatchLedger
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..commits._resume import Checkpointer
+    from ..debug._breakpoints import PausedDebugger
+    from ..debug._post_mortem import FailureFrames
+    from ..sync._collectives import Collectives
+    from ..sync._grad_sync import GradientSync
+    from ..sync._join import JoinControl
+    from ..sync._strategies import SyncStrategy
+    from ..sync._training_watch import TrainingWatch
+    from ..telemetry._metrics import MetricsSender
+    from ...wire._seam import RunSpec
+    from ._group import GroupHandle
+    from ._interrupts import InterruptGate
 
 
 class NotInRunError(RuntimeError):
@@ -28,16 +44,16 @@ class RunContext:
     run_id: str
     rank: int
     world_size: int
-    device: Any
-    strategy_spec: Any = "allreduce"    # a built-in name, "pkg.mod.Class", or a shipped class
+    device: torch.device
+    strategy_spec: str | type[SyncStrategy] = "allreduce"    # a built-in name, "pkg.mod.Class", or a shipped class
     # How every rank trains, as the kernel sent it (the spec's own TrainOptions, not a copy)
     train: TrainOptions = field(default_factory=TrainOptions)
-    spec: Any = None                    # the RunSpec this run was started from
+    spec: RunSpec | None = None         # the RunSpec this run was started from
     steps: int = 0                      # optimizer steps (or partial_fit calls) so far
     passes: int = 0                     # backward passes whose gradients were averaged
     log_calls: int = 0
-    metrics: Any = None                 # MetricsSender
-    collectives: Any = None             # Collectives (dispatching communicator)
+    metrics: MetricsSender | None = None  # MetricsSender
+    collectives: Collectives | None = None  # Collectives (dispatching communicator)
     ddp_param_ids: set = field(default_factory=set)
     strategies: dict = field(default_factory=dict)   # id(optimizer or estimator) -> strategy
     tracked: list = field(default_factory=list)      # (strategy, params_fn) for finish()
@@ -46,13 +62,13 @@ class RunContext:
     bytes_at_start: int = 0             # the communicators' counter when the run began
     abort: threading.Event = field(default_factory=threading.Event)
     namespace: dict = field(default_factory=dict)    # the cell's globals (what commits save)
-    checkpoints: Any = None             # Checkpointer with --checkpoint-every / --resume
-    join: Any = None                    # JoinControl: uneven inputs (see _join)
-    grad_sync: Any = None               # GradientSync: averaging at the end of backward
-    watch: Any = None                   # TrainingWatch: finds what trains (see _training_watch)
+    checkpoints: Checkpointer | None = None  # Checkpointer with --checkpoint-every / --resume
+    join: JoinControl | None = None     # JoinControl: uneven inputs (see _join)
+    grad_sync: GradientSync | None = None  # GradientSync: averaging at the end of backward
+    watch: TrainingWatch | None = None  # TrainingWatch: finds what trains (see _training_watch)
     agreement: str = "at_end"           # the strategy's promise (SyncStrategy.agreement)
-    interrupts: Any = None              # InterruptGate: defers an interrupt during an update
-    debugger: Any = None                # PausedDebugger once the cell called breakpoint()
+    interrupts: InterruptGate | None = None  # InterruptGate: defers an interrupt during an update
+    debugger: PausedDebugger | None = None  # PausedDebugger once the cell called breakpoint()
 
 
     @property
@@ -66,12 +82,12 @@ class EngineState:
     """What survives between cells in one engine process."""
 
     def __init__(self) -> None:
-        self.group: Any = None          # ProcessGroupHandle of the warm group
-        self.cache: dict[str, tuple[str, Any]] = {}   # shipped name -> (content hash, object)
+        self.group: GroupHandle | None = None  # the warm process group
+        self.cache: dict[str, tuple[str, bytes]] = {}   # shipped name -> (content hash, pickle)
         self.run: RunContext | None = None
         self.commits = CommitStore()    # in-memory checkpoints (survive between cells)
-        self.kept: dict[str, Any] = {}  # --keep: live objects the next cells find (see _kept)
-        self.post_mortem: Any = None    # the last failure's frames, for %debug (_post_mortem)
+        self.kept: dict[str, object] = {}  # --keep: live objects the next cells find (see _kept)
+        self.post_mortem: FailureFrames | None = None  # the last failure's frames, for %debug (_post_mortem)
 
 
 _STATE: EngineState | None = None

@@ -18,12 +18,18 @@ Example::
 from __future__ import annotations
 
 import sys
-from typing import Any, Iterable
+from typing import Iterable, Protocol
+
+
+class KeepsObjects(Protocol):
+    """Where kept objects live: the engine's state (a stand-in in tests)."""
+
+    kept: dict[str, object]
 
 __all__ = ["keep", "put_kept", "forget_kept", "object_bytes"]
 
 
-def keep(state: Any, names: Iterable[str], namespace: dict) -> dict[str, int]:
+def keep(state: KeepsObjects, names: Iterable[str], namespace: dict) -> dict[str, int]:
     """Keep ``names`` of the cell's ``namespace`` in ``state.kept``; returns each one's bytes."""
     sizes = {}
     for name in names:
@@ -34,7 +40,7 @@ def keep(state: Any, names: Iterable[str], namespace: dict) -> dict[str, int]:
     return sizes
 
 
-def put_kept(state: Any, names: Iterable[str], namespace: dict) -> None:
+def put_kept(state: KeepsObjects, names: Iterable[str], namespace: dict) -> None:
     """Put the kept ``names`` in a run's namespace (over any shipped notebook value)."""
     for name in names:
         if name not in state.kept:
@@ -62,7 +68,7 @@ def forget_kept(names: Iterable[str] | None = None) -> list[str]:
     return dropped
 
 
-def object_bytes(value: Any, depth: int = 2) -> int:
+def object_bytes(value: object, depth: int = 2) -> int:
     """The bytes of tensors and arrays an object holds on this rank (a sharded parameter: its
     local shard), looked into a few levels (modules, optimizers, containers)."""
     torch = sys.modules.get("torch")

@@ -79,7 +79,7 @@ def allreduce(x: Any, op: str = "mean") -> Any:
     """
     if op not in _OPS:
         raise ValueError(f"allreduce op {op!r} is not one of {_OPS}")
-    comm = current_run().collectives
+    comm = _run_collectives()
     if isinstance(x, dict):
         return _reduce_dict(comm, x, op)
     if isinstance(x, numbers.Number):
@@ -95,7 +95,7 @@ def broadcast(x: Any, src: int = 0) -> Any:
 
         weights = broadcast(weights, src=0)
     """
-    comm = current_run().collectives
+    comm = _run_collectives()
     if not 0 <= src < comm.world_size:
         raise ValueError(f"broadcast src={src} is not a rank: ranks are 0..{comm.world_size - 1}")
     if isinstance(x, numbers.Number):
@@ -112,7 +112,13 @@ def broadcast(x: Any, src: int = 0) -> Any:
 
 def barrier() -> None:
     """Wait until every rank reaches this point."""
-    current_run().collectives.barrier()
+    _run_collectives().barrier()
+
+
+def _run_collectives() -> Collectives:
+    comm = current_run().collectives
+    assert comm is not None   # set as the run starts
+    return comm
 
 
 def _reduce_numbers(comm: Collectives, values: list, op: str) -> list[float]:

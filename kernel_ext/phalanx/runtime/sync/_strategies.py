@@ -42,11 +42,18 @@ from __future__ import annotations
 
 import importlib
 import sys
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence, TypeAlias, TypeGuard
 
 import numpy as np
 
 from ..transport._comm import Communicator
+
+if TYPE_CHECKING:
+    import torch
+
+
+# A parameter (or a gradient, or a strategy's buffer): a torch tensor or a numpy array.
+Param: TypeAlias = "torch.Tensor | np.ndarray"
 
 __all__ = ["SyncStrategy", "AllreduceSync", "LocalSGD", "EASGD", "NoSync", "make_strategy",
            "STRATEGIES", "param_values", "param_grads"]
@@ -123,11 +130,11 @@ class SyncStrategy:
         """Whether ``step`` (0-based) is a synchronisation step."""
         return (step + 1) % self.every == 0
 
-    def start(self, params: Sequence[Any]) -> None:
+    def start(self, params: Sequence[Param]) -> None:
         """Give every rank rank 0's parameters."""
         self.comm.broadcast(param_values(params), src=0)
 
-    def average_gradients(self, grads: list[Any], step: int) -> None:
+    def average_gradients(self, grads: list[Param], step: int) -> None:
         """Called when a backward pass completes with the gradient buckets; reduce in place.
 
         Example::
@@ -136,13 +143,13 @@ class SyncStrategy:
                 self.comm.allreduce(grads, op="mean")
         """
 
-    def before_step(self, params: Sequence[Any], step: int) -> None:
+    def before_step(self, params: Sequence[Param], step: int) -> None:
         """Called just before ``optimizer.step()`` (gradients are already averaged)."""
 
-    def after_step(self, params: Sequence[Any], step: int) -> None:
+    def after_step(self, params: Sequence[Param], step: int) -> None:
         """Called after ``optimizer.step()``."""
 
-    def after_step_communicates(self, params: Sequence[Any], step: int) -> bool:
+    def after_step_communicates(self, params: Sequence[Param], step: int) -> bool:
         """Whether :meth:`after_step` may communicate at ``step``: must be the same on every
         rank.  The runtime keeps ranks that ran out of data answering only those steps.
 
@@ -153,7 +160,7 @@ class SyncStrategy:
         """
         return type(self).after_step is not SyncStrategy.after_step
 
-    def finish(self, params: Sequence[Any]) -> None:
+    def finish(self, params: Sequence[Param]) -> None:
         """Called once after the last step."""
 
     def __repr__(self) -> str:
@@ -171,16 +178,16 @@ class AllreduceSync(SyncStrategy):
     identity_on_one_rank = True
     buckets_independent = True  # a mean per bucket: averaged as the backward pass fills them
 
-    def average_gradients(self, grads: list[Any], step: int) -> None:
+    def average_gradients(self, grads: list[Param], step: int) -> None:
         if grads:
             self.comm.allreduce(grads, op="mean")
 
-    def after_step(self, params: Sequence[Any], step: int) -> None:
+    def after_step(self, params: Sequence[Param], step: int) -> None:
         plain = _without_grads(params)
         if plain:
             self.comm.allreduce(plain, op="mean")
 
-    def after_step_communicates(self, params: Sequence[Any], step: int) -> bool:
+    def after_step_communicates(self, params: Sequence[Param], step: int) -> bool:
         return bool(_without_grads(params))
 
 
@@ -194,14 +201,14 @@ class LocalSGD(SyncStrategy):
         super().__init__(comm, every, alpha)
         self._dirty = False
 
-    def after_step(self, params: Sequence[Any], step: int) -> None:
+    def after_step(self, params: Sequence[Param], step: int) -> None:
         if self.should_sync(step):
             self.comm.allreduce(param_values(params), op="mean")
             self._dirty = False
         else:
             self._dirty = True
 
-    def finish(self, params: Sequence[Any]) -> None:
+    def finish(self, params: Sequence[Param]) -> None:
         """Average once more if local steps happened since the last average."""
         if self._dirty:
             self.comm.allreduce(param_values(params), op="mean")
@@ -223,16 +230,16 @@ class EASGD(SyncStrategy):
 
     def __init__(self, comm: Communicator, every: int = 1, alpha: float = 0.5) -> None:
         super().__init__(comm, every, alpha)
-        self.centre: list[Any] | None = None
-        self._moves: list[Any] | None = None
+        self.centre: list[Param] | None = None
+        self._moves: list[Param] | None = None
 
-    def start(self, params: Sequence[Any]) -> None:
+    def start(self, params: Sequence[Param]) -> None:
         super().start(params)
         values = param_values(params)
         self.centre = [_copy(v) for v in values]
         self._moves = [_copy(v) for v in values]
 
-    def after_step(self, params: Sequence[Any], step: int) -> None:
+    def after_step(self, params: Sequence[Param], step: int) -> None:
         if not self.should_sync(step):
             return
         centre, moves = self._started(params)
@@ -242,12 +249,12 @@ class EASGD(SyncStrategy):
         for c, d in zip(centre, moves):
             c += d
 
-    def finish(self, params: Sequence[Any]) -> None:
+    def finish(self, params: Sequence[Param]) -> None:
         centre, _ = self._started(params)
         for x, c in zip(param_values(params), centre):
             x[...] = c
 
-    def _started(self, params: Sequence[Any]) -> tuple[list[Any], list[Any]]:
+    def _started(self, params: Sequence[Param]) -> tuple[list[Param], list[Param]]:
         """The centre and the buffer of moves, which :meth:`start` makes, one per parameter."""
         if self.centre is None or self._moves is None:
             raise RuntimeError("EASGD.start(params) must run before the first step")
@@ -269,10 +276,10 @@ class NoSync(SyncStrategy):
     agreement = "never"
     identity_on_one_rank = True
 
-    def after_step_communicates(self, params: Sequence[Any], step: int) -> bool:
+    def after_step_communicates(self, params: Sequence[Param], step: int) -> bool:
         return False
 
-    def start(self, params: Sequence[Any]) -> None:
+    def start(self, params: Sequence[Param]) -> None:
         pass
 
 
@@ -313,7 +320,7 @@ def run_strategy(run: Any) -> SyncStrategy:
     return make_strategy(run.strategy_spec, run.collectives, **run.train.sync_params)
 
 
-def _resolve(spec: Any) -> Any:
+def _resolve(spec: object) -> object:
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"sync strategy must be a name or a dotted class path, got {spec!r}")
     if spec in STRATEGIES:
@@ -343,12 +350,12 @@ def _resolve(spec: Any) -> Any:
 # -- parameter access: torch parameters and numpy arrays ------------------------------------------
 
 
-def _is_tensor(x: Any) -> bool:
+def _is_tensor(x: object) -> TypeGuard[torch.Tensor]:
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(x, torch.Tensor)
 
 
-def param_values(params: Sequence[Any]) -> list[Any]:
+def param_values(params: Sequence[Param]) -> list[Param]:
     """The arrays holding the parameter values (``.data`` of tensors, numpy arrays as they are),
     ready to be reduced in place by a communicator; for user strategies.
 
@@ -361,7 +368,7 @@ def param_values(params: Sequence[Any]) -> list[Any]:
     return [p.detach() if _is_tensor(p) else p for p in params]
 
 
-def param_grads(params: Sequence[Any]) -> list[Any]:
+def param_grads(params: Sequence[Param]) -> list[Param]:
     """Gradients of the tensors that require grad; a missing one becomes zeros so that every
     rank contributes the same list (as DDP does for unused parameters).  Numpy arrays have none.
 
@@ -381,18 +388,18 @@ def param_grads(params: Sequence[Any]) -> list[Any]:
     return out
 
 
-def _without_grads(params: Sequence[Any]) -> list[Any]:
+def _without_grads(params: Sequence[Param]) -> list[Param]:
     return [p.detach() if _is_tensor(p) else p for p in params
             if not (_is_tensor(p) and p.requires_grad)]
 
 
-def _copy(x: Any) -> Any:
+def _copy(x: Param) -> Param:
     return x.clone() if _is_tensor(x) else np.array(x, copy=True)
 
 
-def _elastic_move(x: Any, centre: Any, move: Any, alpha: float) -> None:
+def _elastic_move(x: Param, centre: Param, move: Param, alpha: float) -> None:
     """``move = alpha * (x - centre); x -= move`` in place, without temporaries."""
-    if _is_tensor(x):
+    if _is_tensor(x) and _is_tensor(move):   # the move is a copy of x: both tensors or neither
         move.copy_(x).sub_(centre).mul_(alpha)
         x.sub_(move)
     else:

@@ -50,6 +50,7 @@ class StepHooks:
         self._handles: list = []
         self.live = False  # between install and remove
         self._primary: int | None = None
+        assert run.join is not None   # set as the run starts
         self.grads = run.grad_sync = GradientSync(run, run.join)
         # The hooks run at every optimizer step: what they need is looked up once, here and at
         # attach (measured: 8 us a step of hook time on one rank before, a step of the
@@ -177,6 +178,7 @@ class StepHooks:
                 params = _optimizer_params(optimizer)
             # Strategies take the 0-based index of the step just taken (as before_step saw it).
             if strategy.after_step_communicates(params, run.steps):
+                assert run.join is not None   # set as the run starts
                 run.join.round(after_step_kind(run, strategy), run.steps, run.steps)
             strategy.after_step(params, run.steps)
         if key == self._primary:
@@ -235,6 +237,7 @@ def finish_uneven(run: RunContext) -> None:
         if kind == KIND_CHECK:
             return  # the training ranks skip the check while some ranks have finished
         if kind == KIND_GRADIENTS:
+            assert run.grad_sync is not None   # gradients are averaged, so there are hooks
             run.grad_sync.shadow()
         else:
             strategy, params_fn = run.tracked[kind - KIND_GRADIENTS - 1]
@@ -246,6 +249,7 @@ def finish_uneven(run: RunContext) -> None:
         from ._strategies import param_values
 
         src = info.steps.index(max(info.steps))
+        assert run.collectives is not None   # set as the run starts
         run.collectives.broadcast(param_values(trained_values(run)), src=src)
 
 

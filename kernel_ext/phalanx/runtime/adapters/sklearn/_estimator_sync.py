@@ -138,6 +138,7 @@ class _EstimatorSync:
         models are averaged - no rank's first batch is dropped - before ``start`` (rank 0's
         broadcast, EASGD's centre)."""
         if average_first:
+            assert self.run.collectives is not None   # set as the run starts
             self.run.collectives.allreduce(arrays, op="mean")
         self.strategy.start(arrays)
         self.started = True

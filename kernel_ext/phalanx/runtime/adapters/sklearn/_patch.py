@@ -6,16 +6,16 @@ from __future__ import annotations
 import functools
 import threading
 import types
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-# A run's estimator state (``_install._RunSync``), named here by an alias: importing it would
-# make a cycle (the state undoes the class patching this module does).
-_RunSync = Any
+if TYPE_CHECKING:  # at run time a cycle: the state undoes the class patching this module does
+    from ._install import _RunSync
 
 _LOCK = threading.RLock()
 _STATES: dict[int, _RunSync] = {}      # id(run) -> its state (one run per engine; tests: more)
 _BY_THREAD: dict[int, _RunSync] = {}   # the thread that installed it -> state
-_PATCHED: dict[type, dict[str, Any]] = {}  # class -> the entries it had before patching
+_PATCHED: dict[type, dict[str, object]] = {}  # class -> the entries it had before patching
 _MISSING = object()
 _PATCHED_ATTRS = ("partial_fit", "fit")
 
@@ -35,36 +35,37 @@ class _Patched:
     ``available_if`` descriptors keep deciding whether the method exists.
     """
 
-    def __init__(self, attr: str, inner: Any) -> None:
+    def __init__(self, attr: str, inner: object) -> None:
         self.attr, self.inner = attr, inner
 
-    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+    def __get__(self, obj: object, owner: type | None = None) -> object:
         get = getattr(self.inner, "__get__", None)
         method = get(obj, owner) if get is not None else self.inner
         if obj is None:
             return method
         state = _current_state()
-        if state is None or state.closed:
+        if state is None or state.closed or not callable(method):
             return method
         return _routed(state, self.attr, obj, method)
 
 
-def _routed(state: _RunSync, attr: str, obj: Any, method: Any) -> Any:
+def _routed(state: _RunSync, attr: str, obj: object, method: Callable[..., object]
+            ) -> types.MethodType:
     @functools.wraps(getattr(method, "__func__", method))  # signature() shows the original
-    def routed(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def routed(self: object, *args: object, **kwargs: object) -> object:
         return state.call(attr, self, method, args, kwargs)
 
     return types.MethodType(routed, obj)
 
 
-def _lookup(cls: type, attr: str) -> Any:
+def _lookup(cls: type, attr: str) -> object:
     for klass in cls.__mro__:
         if attr in vars(klass):
             return vars(klass)[attr]
     return _MISSING
 
 
-def _from_sklearn(raw: Any) -> bool:
+def _from_sklearn(raw: object) -> bool:
     """Whether a ``fit`` is scikit-learn's own.  Those stay per rank (``StandardScaler.fit``
     calls ``partial_fit``: syncing it would make a fit on rank 0 alone, or one inside a
     cross-validation, wait for the other ranks); a ``fit`` written for the cell that loops over
@@ -78,7 +79,7 @@ def _patch_class(cls: type) -> bool:
     with _LOCK:
         if cls in _PATCHED:
             return True
-        saved: dict[str, Any] = {}
+        saved: dict[str, object] = {}
         for attr in _PATCHED_ATTRS:
             raw = _lookup(cls, attr)
             if raw is _MISSING or isinstance(raw, _Patched):  # a patched base routes it already
@@ -95,7 +96,7 @@ def _patch_class(cls: type) -> bool:
         return True
 
 
-def _restore_class(cls: type, saved: dict[str, Any]) -> None:
+def _restore_class(cls: type, saved: dict[str, object]) -> None:
     for attr, own in saved.items():
         if own is not _MISSING:
             setattr(cls, attr, own)
