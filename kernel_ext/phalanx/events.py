@@ -18,7 +18,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from typing import Iterable, Mapping
 
 from ._schema import Field, SchemaError, Shape, check, kind_of
 
@@ -31,6 +31,8 @@ ENGINE_STATES = ("starting", "idle", "busy", "dead", "stopping")
 RUN_STATES = ("running", "done", "failed", "interrupted", "timeout")
 # A zoomed chart asks for at most this many points per line (one answer stays a few MB).
 MAX_WINDOW_POINTS = 100_000
+# The panel's Log asks for at most this many of the cluster log's last lines.
+MAX_LOG_LINES = 2000
 
 
 # --- the schema: what each event and request holds (mirrored in the lab extension's protocol.ts)
@@ -77,7 +79,7 @@ _RUN_ENTRY: Shape = {
 }
 
 
-def _inner_event(event: Any) -> None:
+def _inner_event(event: object) -> None:
     """One event of a snapshot: any valid event but another snapshot."""
     if validate_event(event)["type"] == "snapshot":
         raise SchemaError("a snapshot cannot contain a snapshot")
@@ -102,6 +104,8 @@ EVENT_FIELDS: dict[str, Shape] = {
     "run_record": {**_RUN_ENTRY, "total_steps": "number?", "strategy": "string?",
                    "ranks": Field("list", items=_RANK_PROGRESS),
                    "times": Field("list", items=_RANK_TIME)},
+    # the answer to request_log: the cluster log's file and last lines
+    "engine_log": {"path": "string?", "lines": Field("list", items="string")},
 }
 
 REQUEST_FIELDS: dict[str, Shape] = {
@@ -115,10 +119,12 @@ REQUEST_FIELDS: dict[str, Shape] = {
     "profile_next": {"steps": Field("int", optional=True, least=1)},
     # an earlier run's record (run_record, then its curves as metrics)
     "request_run": {"run": "string"},
+    # the last ``lines`` (200) lines of the cluster's log: what its engines said that is not the user's
+    "request_log": {"lines": Field("int", optional=True, least=1, most=MAX_LOG_LINES)},
 }
 
 
-def _validate(msg: Any, shapes: Mapping[str, Shape], kind: str) -> dict:
+def _validate(msg: object, shapes: Mapping[str, Shape], kind: str) -> dict:
     if not isinstance(msg, Mapping):
         raise SchemaError(f"{kind} must be a JSON object, got {kind_of(msg)}")
     version = msg.get("v")
@@ -131,7 +137,7 @@ def _validate(msg: Any, shapes: Mapping[str, Shape], kind: str) -> dict:
     return dict(msg)
 
 
-def validate_event(msg: Any) -> dict:
+def validate_event(msg: object) -> dict:
     """Check a kernel -> frontend event; return it as a dict or raise :class:`SchemaError`.
 
     Example::
@@ -146,7 +152,7 @@ def validate_event(msg: Any) -> dict:
     return _validate(msg, EVENT_FIELDS, "event")
 
 
-def validate_request(msg: Any) -> dict:
+def validate_request(msg: object) -> dict:
     """Check a frontend -> kernel request; return it as a dict or raise :class:`SchemaError`.
 
     Example::
@@ -160,11 +166,11 @@ def validate_request(msg: Any) -> dict:
 # --- constructors (the kernel side builds events only through these) ----------------------------
 
 
-def _event(type_: str, **fields: Any) -> dict:
+def _event(type_: str, **fields: object) -> dict:
     return {"v": SCHEMA_VERSION, "type": type_, **fields}
 
 
-def cluster_state(engines: Iterable[Mapping[str, Any]], max_engines: int, busy: bool = False,
+def cluster_state(engines: Iterable[Mapping[str, object]], max_engines: int, busy: bool = False,
                   error: str | None = None, launcher: str = "local",
                   notice: str | None = None) -> dict:
     """Engines of the cluster: ``[{rank, engine_id, host, pid, device, state, memory_mb, step}]``
@@ -180,12 +186,12 @@ def run_started(run: str, world_size: int, total_steps: int | None, strategy: st
                   strategy=strategy, name=name)
 
 
-def progress(run: str, ranks: Iterable[Mapping[str, Any]]) -> dict:
+def progress(run: str, ranks: Iterable[Mapping[str, object]]) -> dict:
     """Per-rank progress: ``[{rank, step, total, steps_per_s, eta_s, metrics, straggler}]``."""
     return _event("progress", run=run, ranks=[dict(r) for r in ranks])
 
 
-def metrics(run: str, rows: Iterable[Mapping[str, Any]],
+def metrics(run: str, rows: Iterable[Mapping[str, object]],
             means: Mapping[str, list] | None = None) -> dict:
     """New metric rows ``[{rank, step, t, metrics: {name: number}}]``, appended to the history;
     to a panel also the means over ranks settled since, ``{metric: [[step, mean], ...]}``."""
@@ -201,7 +207,7 @@ def run_ended(run: str, status: str, wall_s: float, error: str | None = None) ->
     return _event("run_ended", run=run, status=status, wall_s=wall_s, error=error)
 
 
-def network_state(network: str, nodes: Iterable[Mapping[str, Any]],
+def network_state(network: str, nodes: Iterable[Mapping[str, object]],
                   edges: Iterable[tuple[str, str]]) -> dict:
     """A learning network's DAG: nodes ``{id, label, kind, state, fit_time_s, estimator, params,
     last_action}`` and edges ``[source_id, target_id]``."""
@@ -209,7 +215,7 @@ def network_state(network: str, nodes: Iterable[Mapping[str, Any]],
                   edges=[[a, b] for a, b in edges])
 
 
-def memory(run: str, ranks: Iterable[Mapping[str, Any]]) -> dict:
+def memory(run: str, ranks: Iterable[Mapping[str, object]]) -> dict:
     """Each rank's latest memory sample, about once a second during a run:
     ``[{rank, t, rss_mb, cuda_allocated_mb?, cuda_reserved_mb?, cuda_peak_mb?, cuda_total_mb?}]``
     (CUDA figures only from ranks that use CUDA; MB = 2**20 bytes).
@@ -222,7 +228,7 @@ def memory(run: str, ranks: Iterable[Mapping[str, Any]]) -> dict:
     return _event("memory", run=run, ranks=[dict(r) for r in ranks])
 
 
-def time_parts(run: str, ranks: Iterable[Mapping[str, Any]]) -> dict:
+def time_parts(run: str, ranks: Iterable[Mapping[str, object]]) -> dict:
     """Each rank's seconds so far in phalanx collectives (``collective_s``, split into
     ``collective_wait_s`` waiting for the slowest peer and ``collective_move_s`` moving bytes;
     ``collectives`` calls) and in ``log()`` (``log_s``); sent when they change.  Once a rank has
@@ -241,7 +247,7 @@ def time_parts(run: str, ranks: Iterable[Mapping[str, Any]]) -> dict:
     return _event("time", run=run, ranks=[dict(r) for r in ranks])
 
 
-def history_window(run: str, start: float, end: float, rows: Iterable[Mapping[str, Any]],
+def history_window(run: str, start: float, end: float, rows: Iterable[Mapping[str, object]],
                    means: Mapping[str, list] | None = None) -> dict:
     """The answer to a panel's ``request_window``: the run's rows with ``start <= step <= end``,
     every row up to the asked number of points per line (min/max downsampled beyond), and the
@@ -259,7 +265,7 @@ def history_window(run: str, start: float, end: float, rows: Iterable[Mapping[st
     return event
 
 
-def runs(entries: Iterable[Mapping[str, Any]]) -> dict:
+def runs(entries: Iterable[Mapping[str, object]]) -> dict:
     """The kernel's runs, oldest first: ``[{run, name, status, world_size, wall_s, error}]``.
 
     Example::
@@ -272,8 +278,8 @@ def runs(entries: Iterable[Mapping[str, Any]]) -> dict:
     return _event("runs", runs=[dict(e) for e in entries])
 
 
-def run_record(entry: Mapping[str, Any], total_steps: int | None, strategy: str | None,
-               ranks: Iterable[Mapping[str, Any]], times: Iterable[Mapping[str, Any]]) -> dict:
+def run_record(entry: Mapping[str, object], total_steps: int | None, strategy: str | None,
+               ranks: Iterable[Mapping[str, object]], times: Iterable[Mapping[str, object]]) -> dict:
     """An earlier run as the panel shows it when picked: its run list ``entry`` with its
     ``total_steps`` and ``strategy``, each rank's last progress (``ranks``, as in
     :func:`progress`) and step parts (``times``, as in :func:`time_parts`); its curves follow
@@ -282,6 +288,18 @@ def run_record(entry: Mapping[str, Any], total_steps: int | None, strategy: str 
                   ranks=[dict(r) for r in ranks], times=[dict(t) for t in times])
 
 
-def snapshot(events: Iterable[Mapping[str, Any]]) -> dict:
+def engine_log(path: str | None, lines: Iterable[str]) -> dict:
+    """The answer to a panel's ``request_log``: the cluster's log file (None before any cluster
+    started) and its last lines, what the running engines and controller said so far included.
+
+    Example::
+
+        >>> validate_event(engine_log("/tmp/phalanx-abc.log", ["engine 0 ready"]))["lines"]
+        ['engine 0 ready']
+    """
+    return _event("engine_log", path=path, lines=list(lines))
+
+
+def snapshot(events: Iterable[Mapping[str, object]]) -> dict:
     """Everything a freshly attached view needs, as a list of the events above."""
     return _event("snapshot", events=[dict(e) for e in events])

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from html import escape
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ._events import network_event
+
+if TYPE_CHECKING:
+    from ._graph import Machine, Node
 
 STATE_COLOURS = {
     "fresh": "#e0e0e0", "stale": "#ffd27f", "queued": "#b3d4ff",
@@ -132,7 +135,7 @@ def _clip(text: str, limit: int = 20) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def network_html(target: Any) -> str:
+def network_html(target: Node | Machine) -> str:
     """HTML for a node or machine: the drawing of its network with current states."""
     event = network_event(target)
     return f'<div class="phalanx-network">{render_svg(event)}</div>'

@@ -30,13 +30,17 @@ import operator
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._errors import NetworkError
 from ._fingerprint import select_rows
 from ._fitlog import FitLog
 from ._upper_layers import hooks
 from ._retrain_rules import MachineState
+
+if TYPE_CHECKING:
+    from ._dask import ClusterArg
+    from ._fingerprint import Rows
 
 # Methods a machine exposes as node-building operations.
 _OPERATIONS = ("transform", "predict", "inverse_transform", "predict_proba",
@@ -89,7 +93,7 @@ class Node:
         return f"<{type(self).__name__} {self.label!r}>"
 
     # --- fitting and calling --------------------------------------------------------------------
-    def fit(self, rows: Any = None, force: bool = False, cluster: Any = None,
+    def fit(self, rows: Rows = None, force: bool = False, cluster: ClusterArg | None = None,
             on_event: Callable[[dict], None] | None = None) -> FitLog:
         """Fit every machine this node depends on, retraining only what changed.
 
@@ -165,7 +169,7 @@ class Source(Node):
 
     kind = "source"
 
-    def __init__(self, data: Any, name: str | None = None) -> None:
+    def __init__(self, data: object, name: str | None = None) -> None:
         super().__init__(None, (), name=name)
         self.data = data
 
@@ -173,7 +177,7 @@ class Source(Node):
         """Sources are called ``source`` unless named (made unique within a network)."""
         return "source"
 
-    def rebind(self, data: Any) -> Source:
+    def rebind(self, data: object) -> Source:
         """Hold ``data`` from now on; machines depending on this source retrain at next fit.
 
         Example::
@@ -260,7 +264,7 @@ class Machine:
         self.frozen = False
         return self
 
-    def fit(self, rows: Any = None, force: bool = False, cluster: Any = None,
+    def fit(self, rows: Rows = None, force: bool = False, cluster: ClusterArg | None = None,
             on_event: Callable[[dict], None] | None = None) -> FitLog:
         """Fit this machine and what it depends on (see :meth:`Node.fit`)."""
         return hooks().fit([self], rows=rows, force=force, cluster=cluster, on_event=on_event)
@@ -339,7 +343,7 @@ class _NoData:
 _NO_DATA = _NoData()
 
 
-def _require_method(m: Machine, model: Any, method: str) -> None:
+def _require_method(m: Machine, model: object, method: str) -> None:
     if not hasattr(model, method):
         raise NetworkError(f"machine {m.name!r}: {type(model).__name__} has no method "
                            f"{method!r}")

@@ -16,23 +16,28 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ._fitlog import FitLog
+
+if TYPE_CHECKING:
+    from ._dask import ClusterArg
+    from ._fingerprint import Rows
+    from ._graph import Machine, Node
 
 
 class FitNetwork(Protocol):
     """Fit everything ``targets`` (nodes or machines) depend on; see ``Node.fit``."""
 
-    def __call__(self, targets: Sequence[Any], rows: Any = None, force: bool = False,
-                 cluster: Any = None, on_event: Callable[[dict], None] | None = None
+    def __call__(self, targets: Sequence[Node | Machine], rows: Rows = None, force: bool = False,
+                 cluster: ClusterArg | None = None, on_event: Callable[[dict], None] | None = None
                  ) -> FitLog: ...
 
 
 class Evaluate(Protocol):
     """Compute node ``target`` in the kernel, on ``rows`` of its training data or new data."""
 
-    def __call__(self, target: Any, rows: Any, new_data: Any) -> Any: ...
+    def __call__(self, target: Node, rows: Rows, new_data: object) -> object: ...
 
 
 @dataclass(frozen=True)
@@ -41,7 +46,7 @@ class Hooks:
 
     fit: FitNetwork
     evaluate: Evaluate
-    draw: Callable[[Any], str]   # a node's or machine's network as notebook HTML
+    draw: Callable[[Node | Machine], str]   # a node's or machine's network as notebook HTML
 
 
 _installed: Hooks | None = None

@@ -53,11 +53,15 @@ import sys
 import threading
 import types
 from collections import ChainMap
-from typing import Any, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping
 
 import cloudpickle.cloudpickle as _cloudpickle
 
 from ._tensor_pickle import _Pickler
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
 
 # Objects whose identity means nothing (immutable, or pickled by name): never written as a
 # reference to another name, so a name does not come to depend on another for, say, a string.
@@ -74,15 +78,15 @@ class GraphPacker:
     ``user_ns`` is the notebook's namespace (its functions' globals); ``bound`` are the names
     the run binds on the engine itself, which a shipped function's globals leave out."""
 
-    def __init__(self, user_ns: Mapping[str, Any], bound: Iterable[str] = ()) -> None:
+    def __init__(self, user_ns: Mapping[str, object], bound: Iterable[str] = ()) -> None:
         self.user_ns = user_ns
         self.bound = frozenset(bound)
-        self.owners: dict[int, tuple[str, int, Any]] = {}  # id -> (name, memo index, object)
+        self.owners: dict[int, tuple[str, int, object]] = {}  # id -> (name, memo index, object)
         self.storages: dict = {}  # tensor storages, shared by every name's pickle
         self.depends: dict[str, set[str]] = {}  # name -> the earlier names it refers to
-        self.memos: dict[str, dict[int, Any]] = {}  # name -> {memo index: object}, for returns
+        self.memos: dict[str, dict[int, object]] = {}  # name -> {memo index: object}, for returns
 
-    def pack(self, name: str, value: Any) -> bytes:
+    def pack(self, name: str, value: object) -> bytes:
         """``value`` pickled as notebook name ``name`` (names must be packed in load order)."""
         buffer = io.BytesIO()
         pickler = _GraphPickler(buffer, self, name)
@@ -109,7 +113,7 @@ class _GraphPickler(_Pickler):
         self._namespace_marker: dict = {}
         self.globals_ref[id(packer.user_ns)] = self._namespace_marker
 
-    def persistent_id(self, obj: Any) -> Any:
+    def persistent_id(self, obj: object) -> tuple[str] | tuple[str, str, int] | None:
         if obj is self._namespace_marker:
             return (_NAMESPACE,)
         entry = self._packer.owners.get(id(obj))
@@ -118,7 +122,8 @@ class _GraphPickler(_Pickler):
         self.refers_to.add(entry[0])
         return (_REFERENCE, entry[0], entry[1])
 
-    def _code_reduce(self, code: types.CodeType) -> Any:
+    def _code_reduce(self, code: types.CodeType
+                     ) -> tuple[Callable[..., types.CodeType], tuple[object, ...]]:
         """cloudpickle's reduction of a code object, with its real file name and, where the
         kernel holds the cell's lines, the source to put in the engine's line cache."""
         rebuild, args = _cloudpickle._code_reduce(code)
@@ -132,7 +137,7 @@ class _GraphPickler(_Pickler):
         args = tuple(filename if arg == _DYNAMIC_CODE else arg for arg in args)
         return _code_with_source, (rebuild, args, filename, source)
 
-    def _dynamic_function_reduce(self, func: Any) -> Any:
+    def _dynamic_function_reduce(self, func: types.FunctionType) -> tuple[object, ...]:
         reduced = super()._dynamic_function_reduce(func)
         if func.__globals__ is self._packer.user_ns and self._packer.bound:
             _state, slotstate = reduced[2]
@@ -144,7 +149,7 @@ class _GraphPickler(_Pickler):
 _DYNAMIC_CODE = "<dynamic-code>"  # the file name cloudpickle gives every code object
 
 
-def _code_with_source(rebuild: Any, args: tuple, filename: str, source: str) -> types.CodeType:
+def _code_with_source(rebuild: Callable[..., types.CodeType], args: tuple[object, ...], filename: str, source: str) -> types.CodeType:
     """On the engine: the code object, its cell's lines in the line cache (no file behind them:
     no modification time, so the cache never drops them)."""
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
@@ -156,7 +161,7 @@ class _GraphUnpickler(pickle.Unpickler):
         super().__init__(io.BytesIO(blob))
         self._namespace, self._memos = namespace, memos
 
-    def persistent_load(self, pid: Any) -> Any:
+    def persistent_load(self, pid: tuple) -> object:
         if pid[0] == _NAMESPACE:
             return self._namespace
         if pid[0] == _REFERENCE:
@@ -171,25 +176,25 @@ class _GraphUnpickler(pickle.Unpickler):
 
 
 def load_names(names: Iterable[str], blobs: Mapping[str, bytes],
-               namespace: dict) -> dict[str, dict[int, Any]]:
+               namespace: dict) -> dict[str, dict[int, object]]:
     """Unpickle ``names`` (in the order they were packed) into ``namespace``; references
     between them resolve to the very objects loaded before.  Returns each name's memo
     ``{index: object}``: where each object came from (see :func:`origins`)."""
-    memos: dict[str, dict[int, Any]] = {}
+    memos: dict[str, dict[int, object]] = {}
     for name in names:
         unpickler = _GraphUnpickler(blobs[name], namespace, memos)
         value = unpickler.load()
-        memos[name] = unpickler.memo.copy()
+        memos[name] = dict(unpickler.memo.copy())   # index -> object (typeshed: a pickler's)
         namespace[name] = value
     return memos
 
 
 # --- the way back: returned objects applied to the notebook's own ------------------------------
 
-Origins = dict[int, tuple[tuple[str, int], Any]]  # id(object) -> ((name, memo index), object)
+Origins = dict[int, tuple[tuple[str, int], object]]  # id(object) -> ((name, memo index), object)
 
 
-def origins(memos: Mapping[str, Mapping[int, Any]]) -> Origins:
+def origins(memos: Mapping[str, Mapping[int, object]]) -> Origins:
     """Where each object the notebook sent (and that has an identity) sits in its pickle."""
     out: Origins = {}
     for name, memo in memos.items():
@@ -199,7 +204,7 @@ def origins(memos: Mapping[str, Mapping[int, Any]]) -> Origins:
     return out
 
 
-def dumps_returns(values: dict[str, Any], sent: Origins) -> bytes:
+def dumps_returns(values: dict[str, object], sent: Origins) -> bytes:
     """Pickle ``values`` for the kernel: what came from the notebook (``sent``) as references to
     the notebook's objects with their new state (see :func:`loads_returns`)."""
     buffer = io.BytesIO()
@@ -212,7 +217,7 @@ class _ReturnPickler(_Pickler):
         super().__init__(file)
         self._sent = sent
 
-    def reducer_override(self, obj: Any) -> Any:
+    def reducer_override(self, obj: object) -> object:
         entry = self._sent.get(id(obj))
         if entry is None or entry[1] is not obj:
             return super().reducer_override(obj)
@@ -223,10 +228,10 @@ class _ReturnPickler(_Pickler):
         np = sys.modules.get("numpy")
         if np is not None and isinstance(obj, np.ndarray):
             return _restore_array, (key, np.array(obj, copy=True))
-        if type(obj) in (dict, list):
-            # emptied, then refilled by pickle's own item opcodes (a container may hold itself)
-            if isinstance(obj, dict):
-                return _emptied, (key,), None, None, iter(obj.items())
+        # emptied, then refilled by pickle's own item opcodes (a container may hold itself)
+        if type(obj) is dict:
+            return _emptied, (key,), None, None, iter(obj.items())
+        if type(obj) is list:
             return _emptied, (key,), None, iter(obj), None
         kind = type(obj)
         if kind.__reduce_ex__ is not object.__reduce_ex__ or kind.__reduce__ is not object.__reduce__:
@@ -242,7 +247,7 @@ _RESTORING = threading.local()
 
 
 @contextlib.contextmanager
-def _restoring(memos: Mapping[str, Mapping[int, Any]]) -> Iterator[None]:
+def _restoring(memos: Mapping[str, Mapping[int, object]]) -> Iterator[None]:
     _RESTORING.memos = memos
     try:
         yield
@@ -250,7 +255,8 @@ def _restoring(memos: Mapping[str, Mapping[int, Any]]) -> Iterator[None]:
         _RESTORING.memos = None
 
 
-def loads_returns(blob: bytes, memos: Mapping[str, Mapping[int, Any]]) -> Any:
+def loads_returns(blob: bytes, memos: Mapping[str, Mapping[int, object]]
+                  ) -> dict[str, object]:
     """Unpickle what :func:`dumps_returns` wrote, in the kernel that packed the names
     (``memos``: :attr:`GraphPacker.memos`): the notebook's objects get their new state; the
     notebook's classes keep their own definition (see :mod:`phalanx.wire._same_classes`)."""
@@ -260,27 +266,29 @@ def loads_returns(blob: bytes, memos: Mapping[str, Mapping[int, Any]]) -> Any:
         return loads_with_same_classes(blob)
 
 
-def _original(key: tuple[str, int]) -> Any:
-    memos = getattr(_RESTORING, "memos", None)
+def _original(key: tuple[str, int]) -> object:
+    memos: Mapping[str, Mapping[int, object]] = getattr(_RESTORING, "memos", None) or {}
     try:
-        return memos[key[0]][key[1]]  # type: ignore[index]
-    except (KeyError, TypeError):
+        return memos[key[0]][key[1]]
+    except KeyError:
         raise pickle.UnpicklingError(f"a returned object refers to notebook object {key}, which "
                                      "this kernel did not send") from None
 
 
-def _emptied(key: tuple[str, int]) -> Any:
+def _emptied(key: tuple[str, int]) -> dict | list:
     obj = _original(key)
+    assert isinstance(obj, (dict, list))   # only those are written emptied
     obj.clear()
     return obj
 
 
-def _restore_tensor(key: tuple[str, int], value: Any) -> Any:
+def _restore_tensor(key: tuple[str, int], value: torch.Tensor) -> torch.Tensor:
     import torch
 
     from ._lazy_params import is_lazy, materialise_like
 
     obj = _original(key)
+    assert isinstance(obj, torch.Tensor)   # only tensors are written for this
     if is_lazy(obj):  # a lazy module's, first run on the engines: it has no shape here yet
         materialise_like(obj, value)
     with torch.no_grad():
@@ -291,8 +299,11 @@ def _restore_tensor(key: tuple[str, int], value: Any) -> Any:
     return obj
 
 
-def _restore_array(key: tuple[str, int], value: Any) -> Any:
+def _restore_array(key: tuple[str, int], value: np.ndarray) -> np.ndarray:
+    import numpy as np
+
     obj = _original(key)
+    assert isinstance(obj, np.ndarray)   # only arrays are written for this
     if obj.shape == value.shape and obj.dtype == value.dtype and obj.flags.writeable:
         obj[...] = value
         return obj

@@ -42,7 +42,14 @@ import inspect
 import os
 import sys
 import warnings
-from typing import Any, Callable, Iterator, Mapping, MutableMapping, Sequence
+from typing import (TYPE_CHECKING, Callable, Iterator, Mapping, MutableMapping, NoReturn, Sequence,
+                    TypeVar)
+
+if TYPE_CHECKING:
+    import torch.distributed
+
+    from ..run._group import GroupHandle
+    from ...wire._seam import RunSpec
 
 __all__ = ["torchrun_world", "torchrun_env", "TORCHRUN_VARIABLES", "MASTER_PORT",
            "BackendMismatchWarning", "WorldMismatchError", "SpawnInCellError"]
@@ -110,7 +117,7 @@ def torchrun_env(rank: int, world_size: int, hosts: Sequence[str], run_id: str,
 
 
 @contextlib.contextmanager
-def torchrun_world(spec: Any, group: Any = None) -> Iterator[dict[str, str]]:
+def torchrun_world(spec: RunSpec, group: GroupHandle | None = None) -> Iterator[dict[str, str]]:
     """For the cell of ``spec`` (a :class:`~phalanx.runtime.adapters._seam.RunSpec`): torchrun's environment, and
     torch's init/destroy/spawn calls fitted to the warm group.  ``group`` (the engine's
     :class:`~phalanx.runtime.adapters._group.GroupHandle`) is accepted for symmetry; the default group itself is read
@@ -126,7 +133,7 @@ _INTERACTIVE_FLAG = "_IS_INTERACTIVE"
 
 
 @contextlib.contextmanager
-def _not_interactive(modules: MutableMapping[str, Any] = sys.modules) -> Iterator[None]:
+def _not_interactive(modules: Mapping[str, object] = sys.modules) -> Iterator[None]:
     """No ``sys.ps1`` for the block, and every loaded module's ``_IS_INTERACTIVE`` flag False (one
     imported meanwhile computes False itself).  Afterwards ``sys.ps1`` is back, and the flags of
     modules loaded before it True again; those loaded during it hold what they would outside."""
@@ -161,10 +168,10 @@ class _FlagHolders:
 
     def __init__(self) -> None:
         self.seen: set[str] = set()
-        self.modules: dict[str, Any] = {}
+        self.modules: dict[str, object] = {}
         self._size = -1  # the table's size at the last look: unchanged, nothing was imported
 
-    def scan(self, table: MutableMapping[str, Any]) -> None:
+    def scan(self, table: Mapping[str, object]) -> None:
         if len(table) == self._size:
             return
         self._size = len(table)
@@ -177,7 +184,7 @@ class _FlagHolders:
 _FLAG_HOLDERS: dict[int, _FlagHolders] = {}  # id(module table) -> its holders (sys.modules: one)
 
 
-def _interactive_flag(module: Any) -> Any:
+def _interactive_flag(module: object) -> object:
     """The module's ``_IS_INTERACTIVE`` (None without one), read without a module __getattr__."""
     try:
         return vars(module).get(_INTERACTIVE_FLAG)
@@ -206,7 +213,8 @@ def _put_back(environ: MutableMapping[str, str], name: str, old: str | None) -> 
         environ[name] = old
 
 
-Patch = tuple[Any, str, Callable[..., Any]]
+Patch = tuple[object, str, Callable[..., object]]   # (owner, name, replacement)
+F = TypeVar("F", bound=Callable[..., object])
 
 
 @contextlib.contextmanager
@@ -223,7 +231,7 @@ def _patched(patches: list[Patch]) -> Iterator[None]:
         _uninterrupted(undo[::-1])
 
 
-def _uninterrupted(steps: Sequence[Callable[[], Any]]) -> None:
+def _uninterrupted(steps: Sequence[Callable[[], object]]) -> None:
     """Run every step even if the kernel's interrupt lands meanwhile (a patch left behind would
     turn the next group's formation into a no-op); the interrupt is raised once all are done."""
     interrupted = None
@@ -264,18 +272,18 @@ def _patches(rank: int, world_size: int) -> list[Patch]:
     return patches
 
 
-def _unwrapped(fn: Callable[..., Any]) -> Callable[..., Any]:
+def _unwrapped(fn: F) -> F:
     """torch's own function, should a patch of ours have been left in place (never restore a
     patch as if it were the original)."""
     return getattr(fn, "_phalanx_original", fn)
 
 
-def _join_warm_group(original: Callable[..., Any], rank: int,
-                     world_size: int) -> Callable[..., Any]:
+def _join_warm_group(original: Callable[..., None], rank: int,
+                     world_size: int) -> Callable[..., None]:
     signature = inspect.signature(original)
 
     @functools.wraps(original)
-    def init_process_group(*args: Any, **kwargs: Any) -> None:
+    def init_process_group(*args: object, **kwargs: object) -> None:
         import torch.distributed as dist
 
         if not dist.is_initialized():  # never in a run (its group is formed first): torch's way
@@ -285,11 +293,11 @@ def _join_warm_group(original: Callable[..., Any], rank: int,
         _check_backend(asked.get("backend"), str(dist.get_backend()))
         return None  # the warm group is the default group: nothing to form
 
-    init_process_group._phalanx_original = original  # type: ignore[attr-defined]
+    _mark_original(init_process_group, original)
     return init_process_group
 
 
-def _check_world(asked_world: Any, asked_rank: Any, rank: int, world_size: int) -> None:
+def _check_world(asked_world: int | None, asked_rank: int | None, rank: int, world_size: int) -> None:
     if asked_world not in (None, -1) and int(asked_world) != world_size:
         raise WorldMismatchError(
             f"init_process_group(world_size={asked_world}) in a %%distributed_fit cell, but this "
@@ -306,7 +314,7 @@ def _backends(name: str) -> set[str]:
     return {part.split(":")[-1].strip() for part in name.lower().split(",") if part.strip()}
 
 
-def _check_backend(asked: Any, actual: str) -> None:
+def _check_backend(asked: str | None, actual: str) -> None:
     if asked is None or _backends(str(asked)) <= _backends(actual):
         return
     warnings.warn(BackendMismatchWarning(
@@ -317,9 +325,9 @@ def _check_backend(asked: Any, actual: str) -> None:
         stacklevel=3)  # at the cell's line that called init_process_group
 
 
-def _keep_warm_group(original: Callable[..., Any]) -> Callable[..., Any]:
+def _keep_warm_group(original: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(original)
-    def destroy_process_group(group: Any = None) -> None:
+    def destroy_process_group(group: torch.distributed.ProcessGroup | None = None) -> None:
         import torch.distributed as dist
 
         # The script's teardown of the default group: the warm group outlives the cell (phalanx
@@ -328,17 +336,22 @@ def _keep_warm_group(original: Callable[..., Any]) -> Callable[..., Any]:
             return None
         return original(group)
 
-    destroy_process_group._phalanx_original = original  # type: ignore[attr-defined]
+    _mark_original(destroy_process_group, original)
     return destroy_process_group
 
 
-def _refuse(what: str, original: Callable[..., Any], rank: int,
-            world_size: int) -> Callable[..., Any]:
-    def refused(*args: Any, **kwargs: Any) -> Any:
+def _refuse(what: str, original: Callable[..., object], rank: int,
+            world_size: int) -> Callable[..., NoReturn]:
+    def refused(*args: object, **kwargs: object) -> NoReturn:
         raise SpawnInCellError(
             f"{what} inside a %%distributed_fit cell: phalanx already runs this cell once per "
             f"engine (rank {rank} of {world_size}): {_ALTERNATIVE}")
 
     refused.__name__ = refused.__qualname__ = what.rsplit(".", 1)[-1]
-    refused._phalanx_original = original  # type: ignore[attr-defined]
+    _mark_original(refused, original)
     return refused
+
+
+def _mark_original(patch: Callable[..., object], original: Callable[..., object]) -> None:
+    """Where :func:`_unwrapped` finds torch's own function behind a patch of ours."""
+    vars(patch)["_phalanx_original"] = original

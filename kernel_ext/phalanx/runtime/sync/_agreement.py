@@ -38,11 +38,15 @@ Example (threads as ranks; rank 1 edits its copy)::
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 import numpy as np
 
 from ._join import KIND_CHECK
+
+if TYPE_CHECKING:
+    from ..run._engine_state import RunContext
+    from ._strategies import Param
 
 CHECK_EVERY = 100  # optimizer steps between checks (``--check-every``; 0: only at the end)
 
@@ -51,7 +55,17 @@ class DivergenceError(RuntimeError):
     """Ranks that must hold one model hold different ones."""
 
 
-def check_agreement(comm: Any, values: Sequence[Any], when: str,
+class Reduces(Protocol):
+    """What a check needs of a communicator (a transport's, or the run's collectives)."""
+
+    world_size: int
+
+    def allreduce(self, arrays: list, op: str = "sum") -> None: ...
+
+    def broadcast(self, arrays: list, src: int = 0) -> None: ...
+
+
+def check_agreement(comm: Reduces, values: Sequence[Param], when: str,
                     labels: Callable[[], dict[int, str]] = dict) -> None:
     """Raise :class:`DivergenceError` on every rank if any of ``values`` (tensors or arrays)
     differs across the ranks of ``comm`` (one allreduce while they agree); ``labels()`` names
@@ -76,15 +90,16 @@ def check_agreement(comm: Any, values: Sequence[Any], when: str,
             "with agreement = 'never' (see SyncStrategy).")
 
 
-def check_run_agreement(run: Any, when: str) -> None:
+def check_run_agreement(run: RunContext, when: str) -> None:
     """The run's check: every rank calls it at the same point (see the module docstring)."""
     if run.agreement == "never" or run.world_size == 1:
         return
+    assert run.collectives is not None   # set as the run starts
     check_agreement(run.collectives, trained_values(run), when,
                     lambda: labels_in(run.namespace))
 
 
-def check_every_steps(run: Any) -> None:
+def check_every_steps(run: RunContext) -> None:
     """After an optimizer step: the periodic check, where the strategy promises agreement after
     every step.  A control round first, so ranks that ran out of data (uneven inputs, which
     still answer rounds) take part; while some have, the check waits for the end of the run."""
@@ -98,12 +113,12 @@ def check_every_steps(run: Any) -> None:
         check_run_agreement(run, f"after step {run.steps}")
 
 
-def trained_values(run: Any) -> list[Any]:
+def trained_values(run: RunContext) -> list[Param]:
     """What the run keeps identical across ranks: the parameters whose gradients it averages
     or whose optimizer or estimator its strategy syncs, the buffers it gives every rank from
     rank 0, and every trainable tensor it gave rank 0's values (one that trained in passes the
     training watch did not look at would differ: said, not returned)."""
-    values: dict[int, Any] = {}
+    values: dict[int, Param] = {}
     if run.watch is not None:
         for t in run.watch.trainable_synced():
             values.setdefault(id(t), t)
@@ -135,7 +150,7 @@ def labels_in(namespace: dict) -> dict[int, str]:
     return labels
 
 
-def _label(labels: dict[int, str], name: str, value: Any) -> None:
+def _label(labels: dict[int, str], name: str, value: object) -> None:
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(value, torch.Tensor):
         labels.setdefault(id(value), name)
@@ -150,11 +165,11 @@ def _label(labels: dict[int, str], name: str, value: Any) -> None:
                 labels.setdefault(id(item), f"{name}.{attr}")
 
 
-def _unnamed(value: Any) -> str:
+def _unnamed(value: object) -> str:
     return f"a {type(value).__name__} of shape {tuple(getattr(value, 'shape', ()))}"
 
 
-def differing(comm: Any, values: Sequence[Any]) -> list[int]:
+def differing(comm: Reduces, values: Sequence[Param]) -> list[int]:
     """The indices of ``values`` that are not the same on every rank (one allreduce of the
     highest and lowest fingerprint over ranks)."""
     prints = fingerprints(values)
@@ -202,7 +217,7 @@ def same_print(high: np.ndarray, low: np.ndarray) -> bool:
     return bool(np.abs(high - low).max() <= 1e-9 * scale + 1e-300)
 
 
-def _largest_difference(comm: Any, value: Any) -> float:
+def _largest_difference(comm: Reduces, value: Param) -> float:
     """max |x - rank 0's x| over ranks and elements (one broadcast, one allreduce)."""
     mine = np.array(_as_numpy(value), dtype=np.float64, copy=True)
     theirs = mine.copy()
@@ -212,13 +227,13 @@ def _largest_difference(comm: Any, value: Any) -> float:
     return float(gap[0])
 
 
-def _as_numpy(value: Any) -> Any:
+def _as_numpy(value: Param) -> Param:
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(value, torch.Tensor):
         return value.detach().to("cpu", torch.float64).numpy()
     return value
 
 
-def _shape(value: Any) -> str:
+def _shape(value: object) -> str:
     shape = tuple(getattr(value, "shape", ()))
     return f" (shape {shape})" if shape else ""

@@ -42,11 +42,17 @@ Example (inside ``%%distributed_fit``, no optimizer)::
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeGuard
 
 from ._agreement import differing, labels_in
 from ..run._own_gpu import check_training_device
 from ...wire._lazy_params import LazyModules, is_lazy
+
+if TYPE_CHECKING:
+    import torch
+    from torch.utils.hooks import RemovableHandle
+
+    from ..run._engine_state import RunContext
 
 
 WALKS_AFTER_CHANGE = 3
@@ -60,16 +66,16 @@ class DivergentLeafError(RuntimeError):
 class TrainingWatch:
     """The hooks of one run that find what trains; ``adopt(params)`` averages their gradients."""
 
-    def __init__(self, run: Any, adopt: Callable[[list], None], averages: bool,
-                 averaged: Callable[[Any], bool]) -> None:
+    def __init__(self, run: RunContext, adopt: Callable[[list], None], averages: bool,
+                 averaged: Callable[[torch.Tensor], bool]) -> None:
         self.run = run
         self._adopt = adopt            # GradientSync.adopt: average these parameters' gradients
         self._averaged = averaged      # GradientSync.averages: is this one's gradient averaged?
         self._averages = averages      # whether the run's strategy averages gradients at all
         self._synced: set[int] = set()   # ids of tensors that hold rank 0's values
         self._keep: list = []            # ... and the tensors, so those ids stay theirs
-        self._global: Any = None         # the forward pre-hook while the window is open
-        self._backward: Any = None       # torch.autograd.backward as it was
+        self._global: RemovableHandle | None = None  # the forward pre-hook while the window is open
+        self._backward: Callable[..., None] | None = None  # torch.autograd.backward as it was
         self._framework_modules: set[int] = set()  # modules DDP or FSDP2 syncs (see _on_forward)
         self._fsdp: list = []            # FSDP2 modules seen: their unsharded parameters are theirs
         # lazy modules (LazyLinear...): synced once their first input gave their parameters shapes
@@ -80,7 +86,7 @@ class TrainingWatch:
         # end of the run would name a leaf that first trained in between)
         self._walks = WALKS_AFTER_CHANGE
         self._passes = 0
-        self._registration: Any = None
+        self._registration: RemovableHandle | None = None
         self._synced_at_forward = False  # a module's forward synced something since the last pass
 
     def install(self) -> None:
@@ -144,12 +150,13 @@ class TrainingWatch:
             self._global.remove()
             self._global = None
 
-    def _on_new_parameter(self, module: Any, name: str, param: Any) -> None:
+    def _on_new_parameter(self, module: torch.nn.Module, name: str,
+                          param: torch.nn.Parameter | None) -> None:
         # _backward is None once the watch was removed: a hook that outlived its run does nothing
         if param is not None and self._backward is not None and id(param) not in self._synced:
             self._open()  # a model built in the cell: sync it at its first forward
 
-    def _on_forward(self, module: Any, args: Any) -> None:
+    def _on_forward(self, module: torch.nn.Module, args: tuple[object, ...]) -> None:
         import torch
 
         if not module.training or not torch.is_grad_enabled() or torch.compiler.is_compiling():
@@ -173,6 +180,7 @@ class TrainingWatch:
             return
         check_training_device(self.run, fresh[:1])  # before a broadcast on another's GPU
         buffers = [b for b in module.buffers() if id(b) not in self._synced and not is_lazy(b)]
+        assert self.run.collectives is not None   # set as the run starts
         self.run.collectives.broadcast([t.detach() for t in fresh + buffers], src=0)
         self.mark_synced(fresh + buffers)
         self._synced_at_forward = True
@@ -182,7 +190,8 @@ class TrainingWatch:
 
     # -- every backward pass ---------------------------------------------------------------------
 
-    def before_backward(self, tensors: Any, inputs: Any) -> None:
+    def before_backward(self, tensors: torch.Tensor | Sequence[torch.Tensor],
+                        inputs: torch.Tensor | Sequence[torch.Tensor] | None) -> None:
         """Find the leaves this pass trains; sync and adopt those phalanx does not know yet."""
         if self.run.world_size == 1:
             return
@@ -218,6 +227,7 @@ class TrainingWatch:
 
     def _check_same(self, fresh: list) -> None:
         """One allreduce: do these tensors hold the same values on every rank?"""
+        assert self.run.collectives is not None   # set as the run starts
         differ = differing(self.run.collectives, fresh)
         if differ:
             labels = labels_in(self.run.namespace)
@@ -237,7 +247,7 @@ class TrainingWatch:
                 "holds rank 0's draw).")
 
 
-def _ours(run: Any, tensor: Any) -> bool:
+def _ours(run: RunContext, tensor: torch.Tensor) -> bool:
     """A tensor phalanx syncs: not a framework's, and holding its values (a parameter whose
     storage was freed is a framework's gathered copy, FSDP2's between uses)."""
     if framework_synced(run, tensor) or is_lazy(tensor):
@@ -245,20 +255,20 @@ def _ours(run: Any, tensor: Any) -> bool:
     return tensor.numel() == 0 or tensor.untyped_storage().nbytes() > 0
 
 
-def framework_synced(run: Any, tensor: Any) -> bool:
+def framework_synced(run: RunContext, tensor: torch.Tensor) -> bool:
     """A tensor a framework keeps in sync itself: a DDP module's parameter (``wrap()`` or the
     cell's own DDP) or a DTensor (FSDP2's ``fully_shard``, tensor parallelism)."""
     return id(tensor) in run.ddp_param_ids or is_dtensor(tensor)
 
 
-def is_dtensor(tensor: Any) -> bool:
+def is_dtensor(tensor: object) -> bool:
     """A DTensor (FSDP2, tensor parallelism): its local piece differs from rank to rank by
     design, and its framework keeps it in step."""
     dtensor = sys.modules.get("torch.distributed.tensor")
     return dtensor is not None and isinstance(tensor, dtensor.DTensor)
 
 
-def _is_fsdp(module: Any) -> bool:
+def _is_fsdp(module: torch.nn.Module) -> bool:
     fsdp = sys.modules.get("torch.distributed.fsdp")
     return fsdp is not None and isinstance(module, fsdp.FSDPModule)
 
@@ -279,12 +289,12 @@ def _fsdp_unsharded_ids(modules: list) -> set[int]:
     return ids
 
 
-def _is_tensor(x: Any) -> bool:
+def _is_tensor(x: object) -> TypeGuard[torch.Tensor]:
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(x, torch.Tensor)
 
 
-def _as_list(inputs: Any) -> list:
+def _as_list(inputs: torch.Tensor | Sequence[torch.Tensor]) -> list:
     """The leaves among ``backward(inputs=...)`` (only leaves accumulate a ``.grad``)."""
     tensors = [inputs] if _is_tensor(inputs) else list(inputs)
     return [t for t in tensors if t.grad_fn is None and t.requires_grad]
