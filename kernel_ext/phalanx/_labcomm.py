@@ -2,7 +2,7 @@
 
 The panel opens a comm to target :data:`~phalanx.events.COMM_TARGET` and sends only typed
 requests (``request_snapshot``, ``scale``, ``stop``, ``stop_run``, ``request_window``,
-``profile_next``, ``request_run``); it never sends code.  This
+``profile_next``, ``request_run``, ``request_log``); it never sends code.  This
 module answers them and forwards every bus event to every open panel comm, throttled to about ten messages a
 second: ``cluster``/``progress``/``network`` states are coalesced (only the latest matters),
 metric rows are batched and thinned to a bounded number of points per line and flush, the way
@@ -31,13 +31,19 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from . import events
 from ._outbox import Outbox, wire_safe
 from ._panel_stream import RunArchive, history_chunks, thin_metrics
 from ._pump import answer_where_sent
 from .events import COMM_TARGET, SchemaError, validate_event, validate_request
+
+if TYPE_CHECKING:
+    from comm.base_comm import BaseComm, CommManager
+
+    from ._kernel_status import KernelStatus
+    from ._session import Session
 
 log = logging.getLogger("phalanx")
 
@@ -52,6 +58,8 @@ MAX_COMMS = 8
 HISTORY_CHUNK_ROWS = 5000
 # A zoomed chart gets its window at full resolution up to this many points per line.
 WINDOW_POINTS = 20_000
+# The panel's Log shows the cluster log's last this many lines unless it asks for another count.
+LOG_LINES = 200
 
 Schedule = Callable[[float, Callable[[], None]], Callable[[], None]]
 
@@ -76,8 +84,8 @@ class LabComm:
         lab.register()       # panels already open attach now, later ones on opening
     """
 
-    def __init__(self, session: Any, *, comm_manager: Any = None,
-                 create_comm: Callable[..., Any] | None = None,
+    def __init__(self, session: Session, *, comm_manager: CommManager | None = None,
+                 create_comm: Callable[..., BaseComm] | None = None,
                  clock: Callable[[], float] = time.monotonic, schedule: Schedule = _thread_timer,
                  min_interval_s: float = MIN_INTERVAL_S) -> None:
         self._session = session
@@ -87,7 +95,7 @@ class LabComm:
         self._schedule = schedule
         self._interval = min_interval_s
         self._lock = threading.RLock()
-        self._comms: list[Any] = []
+        self._comms: list[BaseComm] = []
         self._outbox = Outbox()
         self._progress: dict[str, dict] = {}  # latest merged progress of the current run
         # the kernel's runs, for the panel's run list, after the notebook's earlier ones
@@ -95,7 +103,7 @@ class LabComm:
         self._next_at = 0.0
         self._cancel_timer: Callable[[], None] | None = None
         self._unsubscribe: Callable[[], None] | None = None
-        self._kernel_status: Any = None  # the kernel's status kept busy during a run
+        self._kernel_status: KernelStatus | None = None  # the kernel's status kept busy during a run
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -161,7 +169,7 @@ class LabComm:
 
     # --- comms --------------------------------------------------------------------------------
 
-    def _on_open(self, comm: Any, open_msg: Mapping[str, Any]) -> None:
+    def _on_open(self, comm: BaseComm, open_msg: Mapping[str, Any]) -> None:
         answer_where_sent(comm)  # the panel's requests stay on its subshell during a run
         comm.on_msg(lambda msg: self._on_msg(comm, msg))
         comm.on_close(lambda msg: self._forget(comm))
@@ -179,12 +187,12 @@ class LabComm:
             self._dispatch(comm, request)
         self._send_snapshot(comm)
 
-    def _forget(self, comm: Any) -> None:
+    def _forget(self, comm: BaseComm) -> None:
         with self._lock:
             if comm in self._comms:
                 self._comms.remove(comm)
 
-    def _send(self, comm: Any, message: dict) -> None:
+    def _send(self, comm: BaseComm, message: dict) -> None:
         try:
             comm.send(message)
         except Exception:  # a broken comm must not break the producer or the other panels
@@ -192,7 +200,7 @@ class LabComm:
             self._forget(comm)
 
     @staticmethod
-    def _quietly(fn: Callable[[], Any]) -> None:
+    def _quietly(fn: Callable[[], object]) -> None:
         try:
             fn()
         except Exception:
@@ -258,7 +266,7 @@ class LabComm:
             if len(self._outbox):
                 self._flush(self._clock())
 
-    def _flush(self, now: float, skip: Any = None) -> None:
+    def _flush(self, now: float, skip: BaseComm | None = None) -> None:
         batch = [m for m in map(self._outgoing, self._outbox.drain()) if m is not None]
         for message in batch:
             for comm in list(self._comms):
@@ -270,20 +278,20 @@ class LabComm:
 
     # --- panel requests -> session ------------------------------------------------------------
 
-    def _on_msg(self, comm: Any, msg: Mapping[str, Any]) -> None:
+    def _on_msg(self, comm: BaseComm, msg: Mapping[str, Any]) -> None:
         request = self._parse((msg.get("content") or {}).get("data"))
         if request is not None:
             self._dispatch(comm, request)
 
     @staticmethod
-    def _parse(data: Any) -> dict | None:
+    def _parse(data: object) -> dict | None:
         try:
             return validate_request(data)
         except SchemaError as exc:
             log.warning("phalanx: ignoring an invalid request from the lab panel: %s", exc)
             return None
 
-    def _dispatch(self, comm: Any, request: dict) -> None:
+    def _dispatch(self, comm: BaseComm, request: dict) -> None:
         kind = request["type"]
         try:
             if kind == "request_snapshot":
@@ -302,11 +310,13 @@ class LabComm:
             elif kind == "request_run":
                 for message in self.run_messages(request["run"]):
                     self._send(comm, message)
+            elif kind == "request_log":  # to the panel that asked only
+                self._send(comm, self.log_message(request.get("lines") or LOG_LINES))
         except Exception as exc:  # the kernel keeps working; the panel shows why
             log.exception("phalanx: lab panel request %r failed", kind)
             self._send(comm, self._cluster_error(f"{kind} failed: {exc}"))
 
-    def _scale(self, comm: Any, n: int) -> None:
+    def _scale(self, comm: BaseComm, n: int) -> None:
         limit = int(self._session.max_engines)
         if n > limit:
             message = f"cannot scale to {n} engines: this cluster allows at most {limit}"
@@ -365,6 +375,16 @@ class LabComm:
             return self.snapshot_messages()
         return [wire_safe(events.runs(listed))]
 
+    def log_message(self, lines: int = LOG_LINES) -> dict:
+        """The answer to a panel's ``request_log``: the ``engine_log`` event with the cluster
+        log's last ``lines`` lines (what the engines and the controller said that is not the
+        user's; the running ones' output so far included).
+
+        Example: ``lab.log_message(200)["lines"][-1]``
+        """
+        path, said = self._session.engine_log(lines)
+        return wire_safe(events.engine_log(path, said))
+
     def window_message(self, request: Mapping[str, Any]) -> dict:
         """The ``history_window`` answering a zoomed chart's ``request_window``: the run's rows
         in the step window, read from the whole history (memory or disk), every row up to
@@ -391,7 +411,7 @@ class LabComm:
             log.exception("phalanx: could not read the run history for the lab panel")
             return [], {}
 
-    def _send_snapshot(self, comm: Any) -> None:
+    def _send_snapshot(self, comm: BaseComm) -> None:
         with self._lock:
             # What is pending is already in the bus state and the run history, so the other
             # panels get it now and this one only through the snapshot: no row arrives twice.

@@ -34,13 +34,16 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from . import _frontend
 from ._bokehjs import load_bokehjs
 from ._run_view import PLOT_AFTER_S, calls_log
 from ._summary import RunSummary
 from ._text import TextProgress
+
+if TYPE_CHECKING:
+    from ._run_view import RunView
 
 log = logging.getLogger("phalanx")
 
@@ -50,7 +53,7 @@ _LAST_WALL_KEPT = 256
 LIVE_AFTER_S = 1.0  # a cell whose last run was over sooner shows its live view after this long
 
 
-def _display(obj: Any) -> None:
+def _display(obj: object) -> None:
     from IPython.display import display
 
     display(obj)
@@ -60,7 +63,7 @@ class RunDisplay:
     """Live view or text progress of one run, then its summary."""
 
     def __init__(self, session: Any, shell: Any = None, widget: bool = True,
-                 show: Callable[[Any], None] | None = None, body: str | None = None,
+                 show: Callable[[object], None] | None = None, body: str | None = None,
                  line: Any = None) -> None:
         self.session, self.shell = session, shell
         self.live = bool(widget) and _frontend.widgets_available(shell)
@@ -76,13 +79,13 @@ class RunDisplay:
         self.plot_ahead = body is None or (calls_log(body) and not (
             last_wall is not None and last_wall < PLOT_AFTER_S))
         self.live_later = self.live and last_wall is not None and last_wall < LIVE_AFTER_S
-        self.view: Any = None
+        self.view: RunView | TextProgress | None = None
         self.run_id: str | None = None
         self._show = show if show is not None else _display
         self._unsubscribe: Callable[[], None] | None = None
         self._loader: Any = None
         self._lock = threading.Lock()
-        self._early: list[Any] = []  # the run's events before its view exists (a second's worth)
+        self._early: list[dict] = []  # the run's events before its view exists (a second's worth)
 
     def start(self, tracker: Any, name: str) -> None:
         """``on_start`` callback of ``Session.distributed_fit``: subscribe, show the view now
@@ -97,7 +100,7 @@ class RunDisplay:
 
     def _open(self, tracker: Any, name: str) -> None:
         """Build and show the view, then hand it the events that came before it."""
-        view: Any
+        view: RunView | TextProgress
         try:
             if self.live:
                 from ._run_view import RunView
@@ -143,19 +146,19 @@ class RunDisplay:
         # The view's plot leaves the page first (while its view still reads messages), its
         # widget models once replaced: 30 runs left 33 bokeh documents in the page.
         view = self.view
-        if hasattr(view, "release"):
+        if view is not None and hasattr(view, "release"):
             view.release()
         if summary is not None:
             self.line.replace_with(summary, metadata=summary.metadata)
         else:  # the run never started (a refused cell): its error says it all
             self.line.clear()
-        if hasattr(view, "close"):
+        if view is not None and hasattr(view, "close"):
             try:
                 view.close()
             except Exception:  # the summary is shown: a view that would not close stays
                 log.exception("phalanx: closing the live view failed")
 
-    def _show_with(self, obj: Any, metadata: dict) -> None:
+    def _show_with(self, obj: object, metadata: dict) -> None:
         if self._show is _display:
             from IPython.display import display
 
@@ -163,7 +166,7 @@ class RunDisplay:
         else:
             self._show(obj)
 
-    def _route(self, event: Any) -> None:
+    def _route(self, event: dict) -> None:
         """Bus subscriber: to the view, or kept until it exists."""
         with self._lock:
             view = self.view

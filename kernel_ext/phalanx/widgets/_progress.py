@@ -23,10 +23,13 @@ Example::
 from __future__ import annotations
 
 import html
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from ._format import DOT, bar_range, known_total, memory_text, rank_text, time_text
 from ._parts_bar import parts_bar_html, parts_legend_html
+
+if TYPE_CHECKING:
+    import ipywidgets
 
 _STRAGGLER = '<span style="color:#c75000;font-weight:bold" title="behind the other ranks">⚠</span> '
 _FINAL_STYLE = {"done": "success", "failed": "danger", "timeout": "danger", "interrupted": "warning"}
@@ -43,9 +46,9 @@ class ProgressPanel:
         from ipywidgets.widgets.widget_string import HTMLStyle
 
         self.total_steps = total_steps
-        self.bars: list[Any] = []
-        self.lines: list[Any] = []     # each rank's one line of text
-        self.details: list[Any] = []   # each rank's time breakdown and memory (in the toggle)
+        self.bars: list[ipywidgets.IntProgress] = []
+        self.lines: list[ipywidgets.HTML] = []     # each rank's one line of text
+        self.details: list[ipywidgets.HTML] = []   # each rank's time breakdown and memory (in the toggle)
         # Every widget opens a comm, and so does each layout and style it creates for itself:
         # the rows share the ones no row changes (a row's own layout hides it; see show_ranks).
         # The bars share one layout too: they are shown or hidden together (one message).

@@ -22,9 +22,14 @@ import hashlib
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ...wire._seam import GroupSpec
+
+if TYPE_CHECKING:
+    from ..transport._comm_mpi import MpiCommunicator
+    from ..transport._comm_torch import TorchCommunicator
+    from ..transport._shm import ShmCommunicator
 
 log = logging.getLogger("phalanx")
 
@@ -34,9 +39,9 @@ class GroupHandle:
     """A formed group and its communicators."""
 
     spec: GroupSpec
-    torch_comm: Any = None
-    shm_comm: Any = None
-    mpi_comm: Any = None
+    torch_comm: TorchCommunicator | None = None
+    shm_comm: ShmCommunicator | None = None
+    mpi_comm: MpiCommunicator | None = None
     healthy: bool = True
     extra: dict = field(default_factory=dict)
 

@@ -13,9 +13,16 @@ from __future__ import annotations
 
 import contextlib
 import numbers
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from ..run._engine_state import current_run
+
+if TYPE_CHECKING:
+    from ..run._group import GroupHandle
+    from ..telemetry._timing import StepClock
+    from ..transport._comm import Communicator
+
+T = TypeVar("T")
 
 _OPS = ("sum", "mean", "max", "min")
 
@@ -23,25 +30,30 @@ _OPS = ("sum", "mean", "max", "min")
 class Collectives:
     """A Communicator that routes every call to the best transport of the group."""
 
-    def __init__(self, group: Any) -> None:
+    def __init__(self, group: GroupHandle) -> None:
         self._group = group
         self.rank = group.spec.rank
         self.world_size = group.spec.world_size
         # every rank on one host: averaging is memory copies on the cores training uses
         self.one_host = len(set(group.spec.hosts)) <= 1
-        self.clock: Any = None  # a StepClock: times each call (waiting vs moving bytes)
+        self.clock: StepClock | None = None  # a StepClock: times each call (waiting vs moving bytes)
 
-    def _timed(self) -> Any:
+    def _timed(self) -> contextlib.AbstractContextManager[None]:
         return self.clock.collective() if self.clock is not None else contextlib.nullcontext()
 
     @property
     def bytes_sent(self) -> int:
         return sum(getattr(c, "bytes_sent", 0) for c in self._group.communicators())
 
-    def _pick(self, arrays: list) -> Any:
+    def _pick(self, arrays: list) -> Communicator:
+        group = self._group
+        comm: Communicator | None
         if any(getattr(a, "is_cuda", False) for a in arrays):
-            return self._group.torch_comm
-        return self._group.mpi_comm or self._group.shm_comm or self._group.torch_comm
+            comm = group.torch_comm
+        else:
+            comm = group.mpi_comm or group.shm_comm or group.torch_comm
+        assert comm is not None   # a group has torch's until it is closed
+        return comm
 
     # With one rank every collective is the identity: skip the transport entirely, so a
     # one-worker run costs what a plain loop costs.
@@ -135,7 +147,7 @@ def _reduce_dict(comm: Collectives, x: dict, op: str) -> dict:
     return dict(zip(keys, values))
 
 
-def _scalar(v: Any) -> float:
+def _scalar(v: object) -> float:
     if isinstance(v, numbers.Real):  # a complex number has no float value
         return float(v)
     if hasattr(v, "item"):
@@ -143,7 +155,7 @@ def _scalar(v: Any) -> float:
     raise TypeError(f"allreduce needs real scalar values, got {type(v).__name__}")
 
 
-def _check_array(x: Any, what: str) -> Any:
+def _check_array(x: T, what: str) -> T:
     if hasattr(x, "shape") and (hasattr(x, "dtype")):
         return x
     raise TypeError(f"{what} takes a torch tensor, a numpy array, a number or a dict of numbers; "

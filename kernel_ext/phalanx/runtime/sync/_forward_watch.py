@@ -42,7 +42,15 @@ from __future__ import annotations
 
 import sys
 import warnings
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
+
+if TYPE_CHECKING:
+    import torch
+    from torch.utils.hooks import RemovableHandle
+
+# A module's forward about to run, with its arguments (None for a module offered, not called):
+# True when the callback took it (no need to watch it further)
+OnForward = Callable[["torch.nn.Module", "tuple[object, ...] | None"], bool]
 
 # torch warns, at each call of a compiled module while a global hook is registered, that the
 # hook fires for the compiled wrapper too.  Here that hook is phalanx's, which expects it.
@@ -53,15 +61,15 @@ class ForwardWatch:
     """Offers modules that hold buffers to ``on_forward(module, args)`` (``args`` is None when
     offered at the end of the window); it returns True once it needs that module no more."""
 
-    def __init__(self, on_forward: Callable[[Any, Any], bool]) -> None:
+    def __init__(self, on_forward: OnForward) -> None:
         self._on_forward = on_forward
-        self._global: Any = None          # the global hook's handle
+        self._global: RemovableHandle | None = None  # the global hook's handle
         self._open = False                # a window is open: look at the trees when it closes
         self._ran = False                 # ... and a module ran since it opened
         self._known: set[int] = set()     # the modules that ran in this window
         self._new: list = []              # ... in the order they first ran
         self._compiled = False            # a torch.compile'd module ran: keep the global hook
-        self._hooks: dict[int, Any] = {}  # id(module) -> its own hook, until on_forward takes it
+        self._hooks: dict[int, RemovableHandle] = {}  # id(module) -> its own hook, until on_forward takes it
         self._done: set[int] = set()      # modules on_forward took
 
     @property
@@ -82,7 +90,7 @@ class ForwardWatch:
             warnings.filterwarnings("ignore", message=_COMPILED_WITH_GLOBAL_HOOKS)
             self._global = register_module_forward_pre_hook(self._discover)
 
-    def step_ended(self, roots: Callable[[], Iterable[Any]] = tuple) -> None:
+    def step_ended(self, roots: Callable[[], Iterable[torch.nn.Module]] = tuple) -> None:
         """An optimizer step ended.  If the window is open and modules ran in it, close it:
         offer the modules with buffers in their trees and in ``roots()``, hook those not taken
         yet, and drop the global hook (unless a compiled module ran)."""
@@ -112,7 +120,7 @@ class ForwardWatch:
         self._done.clear()
         self._open = self._ran = self._compiled = False
 
-    def _discover(self, module: Any, args: Any) -> None:
+    def _discover(self, module: torch.nn.Module, args: tuple[object, ...]) -> None:
         import torch
 
         if torch.compiler.is_compiling():
@@ -128,7 +136,7 @@ class ForwardWatch:
         if module._buffers and key not in self._done and self._on_forward(module, args):
             self._taken(key)
 
-    def _offer_or_hook(self, module: Any) -> None:
+    def _offer_or_hook(self, module: torch.nn.Module) -> None:
         key = id(module)
         if not module._buffers or key in self._done or key in self._hooks:
             return
@@ -137,7 +145,7 @@ class ForwardWatch:
         else:
             self._hooks[key] = module.register_forward_pre_hook(self._own)
 
-    def _own(self, module: Any, args: Any) -> None:
+    def _own(self, module: torch.nn.Module, args: tuple[object, ...]) -> None:
         import torch
 
         if not torch.compiler.is_compiling() and self._on_forward(module, args):
@@ -150,7 +158,7 @@ class ForwardWatch:
             handle.remove()  # torch iterates over a copy of the hooks: removing here is safe
 
 
-def _is_compiled(module: Any) -> bool:
+def _is_compiled(module: object) -> bool:
     """Whether ``module`` is torch.compile's wrapper (without importing the compiler for it)."""
     eval_frame = sys.modules.get("torch._dynamo.eval_frame")
     return eval_frame is not None and isinstance(module, eval_frame.OptimizedModule)

@@ -51,7 +51,7 @@ import contextlib
 import functools
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 
@@ -61,6 +61,13 @@ from ._join import KIND_GRADIENTS, JoinControl, RoundInfo
 from ...wire._lazy_params import is_lazy
 from ._overlap import CommThread
 from ._training_watch import framework_synced
+
+if TYPE_CHECKING:
+    import torch
+    from torch.utils.hooks import RemovableHandle
+
+    from ..run._engine_state import RunContext
+    from ._strategies import SyncStrategy
 
 
 @dataclass
@@ -76,11 +83,12 @@ class _Pass:
 class GradientSync:
     """The gradient hooks of one run: which parameters, which strategy averages them."""
 
-    def __init__(self, run: Any, join: JoinControl) -> None:
+    def __init__(self, run: RunContext, join: JoinControl) -> None:
         self.run, self.join = run, join
-        self._groups: list[tuple[Any, Any]] = []  # (strategy, optimizer), in attach order
+        # (strategy, optimizer), in attach order
+        self._groups: list[tuple[SyncStrategy, torch.optim.Optimizer | _Adopted]] = []
         self._adopted: _Adopted | None = None      # parameters trained without an optimizer
-        self._hooks: dict[int, Any] = {}           # id(param) -> hook handle
+        self._hooks: dict[int, RemovableHandle] = {}  # id(param) -> hook handle
         self._suppressed: dict[int, int] = {}      # id(param) -> open no_sync contexts
         self._layout: BucketLayout | None = None   # kept between passes
         self._layout_key: list = []
@@ -92,7 +100,7 @@ class GradientSync:
         self.forward_watch = ForwardWatch(self._on_forward) if run.world_size > 1 else None
         self._clock = getattr(run.metrics, "clock", None)  # a StepClock, where the run has one
 
-    def track(self, optimizer: Any, strategy: Any) -> None:
+    def track(self, optimizer: torch.optim.Optimizer, strategy: SyncStrategy) -> None:
         """Average ``optimizer``'s gradients through ``strategy`` at the end of each backward."""
         self._groups.append((strategy, optimizer))
         self.refresh()
@@ -110,7 +118,7 @@ class GradientSync:
         self._adopted.add(params)
         self.refresh()
 
-    def averages(self, param: Any) -> bool:
+    def averages(self, param: torch.Tensor) -> bool:
         """Whether ``param``'s gradient is averaged when a backward pass ends."""
         return id(param) in self._hooks
 
@@ -160,7 +168,7 @@ class GradientSync:
             self.forward_watch.remove()
         self._comm.close()
 
-    def _on_forward(self, module: Any, args: Any) -> bool:
+    def _on_forward(self, module: torch.nn.Module, args: tuple[object, ...] | None) -> bool:
         """A module that holds buffers is about to run forward (``args`` None: it is in the
         trees of those that ran in the first step): remember it if it trains.  True once it is
         remembered, or is DDP's to look after (no need to watch it more)."""
@@ -206,7 +214,7 @@ class GradientSync:
 
     # -- the backward pass -----------------------------------------------------------------------
 
-    def _on_grad(self, param: Any) -> None:
+    def _on_grad(self, param: torch.Tensor) -> None:
         key = id(param)
         if key in self._suppressed:
             return  # no_sync: its bucket is filled with zeros at the end and it keeps its .grad
@@ -330,15 +338,17 @@ class GradientSync:
         if not shadow:
             for i, p in enumerate(params):
                 flags[i] = p.grad is not None and id(p) not in self._suppressed
+        assert self.run.collectives is not None   # set as the run starts
         self.run.collectives.allreduce([flags], op="sum")
         return flags > 0
 
     def _broadcast_buffers(self) -> None:
         buffers = [b for m in self._modules for b in m.buffers(recurse=False) if b is not None]
         if buffers and self.join.world_size > 1:
+            assert self.run.collectives is not None   # set as the run starts
             self.run.collectives.broadcast(buffers, src=0)
 
-    def _param_groups(self) -> list[tuple[Any, list]]:
+    def _param_groups(self) -> list[tuple[SyncStrategy, list]]:
         """Each strategy's parameters (a parameter in two optimizers counts for the first)."""
         seen: set[int] = set()
         groups = []
@@ -380,7 +390,7 @@ _ABANDONED = ("a backward() pass raised after phalanx had begun averaging its gr
               "end the cell (or raise it before backward()), then run the cell again.")
 
 
-def _strategy_params(optimizer: Any, run: Any) -> list:
+def _strategy_params(optimizer: torch.optim.Optimizer | _Adopted, run: RunContext) -> list:
     """The optimizer's parameters that take gradients and that no DDP wrapper averages (a lazy
     one joins once its module's first forward gave it values)."""
     return [p for group in optimizer.param_groups for p in group["params"]

@@ -21,7 +21,7 @@ chosen by the strategy.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from ._agreement import check_every_steps
 from ._join import KIND_CHECK, KIND_GRADIENTS
@@ -31,8 +31,13 @@ from ..run._engine_state import RunContext, current_run, engine_state
 from ._strategies import run_strategy
 from ._training_watch import TrainingWatch, framework_synced, is_dtensor
 
+if TYPE_CHECKING:
+    import torch
 
-def _optimizer_params(optimizer: Any) -> list:
+    from ._strategies import SyncStrategy
+
+
+def _optimizer_params(optimizer: torch.optim.Optimizer) -> list:
     """What the strategy syncs: the optimizer's parameters but DTensors (FSDP2 keeps its
     shards in step itself; their local pieces differ from rank to rank by design) and lazy ones
     (no values before their module's first forward, which syncs them: ``_lazy_params``)."""
@@ -61,7 +66,7 @@ class StepHooks:
         # a step: the list is a measurable part of a short step's hook time)
         self._stepping: dict[int, list] = {}
         # id(optimizer) -> (the shape it was judged at, whether a framework owns all it holds)
-        self._owned: dict[int, tuple[Any, bool]] = {}
+        self._owned: dict[int, tuple[tuple[int, list[int]], bool]] = {}
         # What trains, found as the cell runs (not only what optimizers hold): see
         # _training_watch.  Strategies that keep ranks apart on purpose get no syncing.
         kind = run_strategy(run)
@@ -69,7 +74,7 @@ class StepHooks:
         self.watch = run.watch = None if kind.agreement == "never" else \
             TrainingWatch(run, self.grads.adopt, kind.averages_gradients, self.grads.averages)
 
-    def _skipped(self, strategy: Any) -> bool:
+    def _skipped(self, strategy: SyncStrategy) -> bool:
         """On one rank a strategy that says it is the identity there costs nothing."""
         return self.run.world_size == 1 and bool(strategy.identity_on_one_rank)
 
@@ -87,7 +92,8 @@ class StepHooks:
         hooks = self
         self.live = True
 
-        def init_and_sync(optimizer: Any, *args: Any, **kwargs: Any) -> None:
+        def init_and_sync(optimizer: torch.optim.Optimizer, *args: object, **kwargs: object
+                          ) -> None:
             orig(optimizer, *args, **kwargs)
             # only while the run is on: a patch that outlived its run attaches nothing
             if hooks.live and type(optimizer).__init__ is not init_and_sync:
@@ -109,7 +115,7 @@ class StepHooks:
             self.watch.remove()
         self.grads.remove()  # Optimizer.__init__ is the run's ledger's to put back
 
-    def attach(self, optimizer: Any) -> None:
+    def attach(self, optimizer: torch.optim.Optimizer) -> None:
         """Start syncing ``optimizer``: broadcast its parameters from rank 0 now."""
         key = id(optimizer)
         if key in self.run.strategies:
@@ -130,7 +136,7 @@ class StepHooks:
             if self._clock is not None:  # the first step's time starts once there is an optimizer
                 self._clock.begin()
 
-    def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def _before_step(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
         if self._clock is not None:
             self._clock.mark("optimizer_s")
         if self.run.interrupts is not None:  # Stop lands after the update, not inside it
@@ -147,7 +153,7 @@ class StepHooks:
         params = self._stepping[key] = _optimizer_params(optimizer)  # the post-hook's too
         self.run.strategies[key].before_step(params, self.run.steps)
 
-    def _framework_owned(self, key: int, optimizer: Any) -> bool:
+    def _framework_owned(self, key: int, optimizer: torch.optim.Optimizer) -> bool:
         """Whether a framework keeps every parameter of ``optimizer`` in step (a DDP model's,
         FSDP2's DTensors: a Hugging Face ``Trainer``, ``accelerator.prepare``, Lightning), so an
         averaging strategy has nothing to do at its steps.  Looked at again whenever its groups
@@ -164,7 +170,7 @@ class StepHooks:
         self.grads.refresh()  # the framework's parameters changed: hooks follow
         return owned
 
-    def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def _after_step(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
         run, key = self.run, id(optimizer)
         if run.interrupts is not None and run.interrupts.resume():
             # Stopped during the update: the parameters are a step further, and so is the count
@@ -193,7 +199,7 @@ class StepHooks:
             self._clock.mark("other_s")
 
 
-def after_step_kind(run: RunContext, strategy: Any) -> int:
+def after_step_kind(run: RunContext, strategy: SyncStrategy) -> int:
     """The control-round kind announcing ``strategy``'s after_step (see :mod:`._join`)."""
     index = next(i for i, (s, _) in enumerate(run.tracked) if s is strategy)
     return KIND_GRADIENTS + 1 + index
@@ -215,7 +221,7 @@ def attach_existing_optimizers(hooks: StepHooks, namespace: dict) -> None:
                 hooks.attach(item)
 
 
-def _one_level_in(value: Any, most: int = 1000) -> list:
+def _one_level_in(value: object, most: int = 1000) -> list:
     """``value``, then the first ``most`` items a list, tuple or dict holds directly (a list of
     a million numbers is data, not a holder of optimizers)."""
     import itertools
@@ -254,7 +260,7 @@ def finish_uneven(run: RunContext) -> None:
 
 
 @contextlib.contextmanager
-def no_sync(model: Any) -> Iterator[None]:
+def no_sync(model: torch.nn.Module) -> Iterator[None]:
     """Backward passes inside skip the gradient averaging of ``model``'s parameters: gradients
     accumulate locally and the next backward pass outside averages the sum (DDP's ``no_sync``).
 
