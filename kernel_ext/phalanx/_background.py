@@ -21,7 +21,16 @@ import contextvars
 import html
 import threading
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from ._session import Session
+    from .fit import RunRecord
+    from .fit.telemetry._tracker import RunTracker
+
+    OnStart = Callable[[RunTracker, str], None]   # a run is under way: its tracker and name
 
 _NOT_YET = "the run has not ended yet: run.wait() first"
 
@@ -29,12 +38,12 @@ _NOT_YET = "the run has not ended yet: run.wait() first"
 class BackgroundRun:
     """A handle on one background run (thread-safe)."""
 
-    def __init__(self, session: Any, returns: tuple[str, ...], user_ns: dict) -> None:
+    def __init__(self, session: Session, returns: tuple[str, ...], user_ns: dict) -> None:
         self._session, self._returns, self._ns = session, tuple(returns), user_ns
         self._done = threading.Event()
         self.name: str | None = None
         self.run_id: str | None = None
-        self.record: Any = None
+        self.record: RunRecord | None = None
         self.error: BaseException | None = None
         self.started = time.monotonic()
 
@@ -47,7 +56,7 @@ class BackgroundRun:
             return self.record.status
         return getattr(self.error, "status", "failed")
 
-    def wait(self, timeout: float | None = None) -> Any:
+    def wait(self, timeout: float | None = None) -> RunRecord | None:
         """Block until the run ends; its RunRecord, or its error raised here.
 
         Raises ``TimeoutError`` when it is still running after ``timeout`` seconds.
@@ -65,7 +74,7 @@ class BackgroundRun:
             return False
         return self._session.stop_run(f"{self.name}.stop()" if self.name else "run.stop()")
 
-    def result(self, name: str) -> Any:
+    def result(self, name: str) -> object:
         """The value of ``name`` brought back with ``--return`` (after the run ended well)."""
         if not self._done.is_set():
             raise RuntimeError(_NOT_YET)
@@ -90,15 +99,16 @@ class BackgroundRun:
 
     # --- the thread's side ----------------------------------------------------------------------
 
-    def _started(self, tracker: Any, name: str) -> None:
+    def _started(self, tracker: RunTracker, name: str) -> None:
         self.run_id, self.name = tracker.run_id, name
 
-    def _ended(self, record: Any, error: BaseException | None) -> None:
+    def _ended(self, record: RunRecord | None, error: BaseException | None) -> None:
         self.record, self.error = record, error
         self._done.set()
 
 
-def run_in_background(session: Any, fit: Callable[[Callable], Any], returns: tuple[str, ...],
+def run_in_background(session: Session, fit: Callable[[OnStart], RunRecord],
+                      returns: tuple[str, ...],
                       user_ns: dict, report: Callable[[BackgroundRun], None]) -> BackgroundRun:
     """Start ``fit(on_start)`` on a thread; returns its handle once the run is under way.
 
@@ -110,7 +120,7 @@ def run_in_background(session: Any, fit: Callable[[Callable], Any], returns: tup
     handle = BackgroundRun(session, returns, user_ns)
     under_way = threading.Event()
 
-    def on_start(tracker: Any, name: str) -> None:
+    def on_start(tracker: RunTracker, name: str) -> None:
         handle._started(tracker, name)
         under_way.set()
 
@@ -139,7 +149,7 @@ def run_in_background(session: Any, fit: Callable[[Callable], Any], returns: tup
     return handle
 
 
-def report_end(shell: Any, handle: BackgroundRun) -> None:
+def report_end(shell: InteractiveShell, handle: BackgroundRun) -> None:
     """Say under the starting cell how the run ended: its error exactly as a foreground run's
     (IPython's error output), or which ``--return`` names are in the namespace now."""
     error = handle.error
@@ -155,7 +165,7 @@ def report_end(shell: Any, handle: BackgroundRun) -> None:
           + (f"; {returned} now in the namespace" if returned else ""), flush=True)
 
 
-def runs_of(session: Any) -> list[BackgroundRun]:
+def runs_of(session: object) -> list[BackgroundRun]:
     """The session's background runs, oldest first."""
     found = session.__dict__.get("background_runs")
     if found is None:

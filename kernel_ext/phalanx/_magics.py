@@ -7,8 +7,9 @@ method that works the same from Python.  The session answers with plain data; wh
 
 from __future__ import annotations
 
+import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Callable
 
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
@@ -25,6 +26,15 @@ from .fit.analysis._shipping import UndefinedNameError, notebook_names
 from .fit.analysis._suggest import did_you_mean, joined
 from .wire import _options as T  # every training flag's default and choices
 
+if TYPE_CHECKING:
+    from ._background import BackgroundRun, OnStart
+    from ._session import EngineStatus, Session
+    from .fit import RunRecord
+    from .fit.telemetry._tracker import RunTracker
+    from .network import FitLog
+    from .widgets._cluster_table import ClusterStatus
+    from .widgets._status_line import StatusLine
+
 CLUSTER_ACTIONS = ("start", "scale", "stop", "status", "restart", "forget", "stacks")
 
 # Errors that mean "this request cannot be done as asked": shown as one clear line (IPython
@@ -33,13 +43,13 @@ _USER_ERRORS = (ClusterError, GpuSpecError, FitUsageError, ShippingError, Versio
                 UndefinedNameError)
 
 
-def _display(obj: Any, metadata: dict | None = None) -> None:
+def _display(obj: object, metadata: dict | None = None) -> None:
     from IPython.display import display
 
     display(obj, metadata=metadata) if metadata else display(obj)
 
 
-def _table(status: Any) -> Any:
+def _table(status: EngineStatus) -> ClusterStatus:
     """The engine table of ``status`` (an :class:`~phalanx._session.EngineStatus`)."""
     from .widgets._cluster_table import ClusterStatus  # UI at the edge: loaded when shown
 
@@ -57,7 +67,7 @@ class PhalanxMagics(Magics):
         return self.shell
 
     @property
-    def session(self) -> Any:
+    def session(self) -> Session:
         return session_for_shell(self.ipython)
 
     @magic_arguments()
@@ -95,7 +105,7 @@ class PhalanxMagics(Magics):
         except _USER_ERRORS as exc:
             raise UsageError(str(exc)) from None
 
-    def _cluster_action(self, action: str | None, args: Any) -> None:
+    def _cluster_action(self, action: str | None, args: argparse.Namespace) -> None:
         session = self.session
         if action is None:
             from .widgets import cluster_view  # UI at the edge: loaded when shown
@@ -140,7 +150,7 @@ class PhalanxMagics(Magics):
                 print("these engine processes could not be checked or ended; they exit by "
                       "themselves without the controller: " + "; ".join(session.cluster.still_exiting))
 
-    def _changing_engines(self, what: str, change: Any) -> None:
+    def _changing_engines(self, what: str, change: Callable[[], EngineStatus]) -> None:
         """Run ``change`` (a start or scale) under a line saying how it goes, then show the
         engine table in the line's place."""
         from .widgets._cluster_progress import follow_change, show_result
@@ -207,7 +217,8 @@ class PhalanxMagics(Magics):
     @argument("--background", action="store_true",
               help="return at once with a run handle (run.wait(), run.stop(), run.status)")
     @line_cell_magic
-    def distributed_fit(self, line: str, cell: str | None = None) -> Any:
+    def distributed_fit(self, line: str, cell: str | None = None
+                        ) -> BackgroundRun | FitLog | None:
         """Run the cell's training loop on every engine, data-parallel."""
         args = parse_line(self.distributed_fit, line, "%distributed_fit" if cell is None
                           else "%%distributed_fit")
@@ -247,13 +258,13 @@ class PhalanxMagics(Magics):
             raise UsageError(str(exc)) from None
         return None
 
-    def _fit(self, cell: str, opts: FitOptions, started: Any = None) -> Any:
+    def _fit(self, cell: str, opts: FitOptions, started: OnStart | None = None) -> RunRecord:
         line = _first_line(self.ipython, opts.widget, FIT_FIRST_LINE)  # before any view loads
         from .widgets import RunDisplay  # bokeh and ipywidgets: loaded on the first run, not at %load_ext
 
         shown = RunDisplay(self.session, self.ipython, widget=opts.widget, body=cell, line=line)
 
-        def on_start(tracker: Any, name: str) -> None:
+        def on_start(tracker: RunTracker, name: str) -> None:
             shown.start(tracker, name)
             if started is not None:
                 started(tracker, name)
@@ -266,7 +277,7 @@ class PhalanxMagics(Magics):
             _display(record.profile)
         return record
 
-    def _fit_network(self, args: Any) -> Any:
+    def _fit_network(self, args: argparse.Namespace) -> FitLog:
         if args.target is None:
             raise UsageError("%distributed_fit NODE fits a learning network on the cluster; "
                              "use %%distributed_fit (two %) for a training cell")
@@ -284,7 +295,7 @@ class PhalanxMagics(Magics):
 FIT_FIRST_LINE = "starting: packing what the cell uses from the notebook for the engines…"
 
 
-def _first_line(shell: Any, widget: bool, text: str) -> Any:
+def _first_line(shell: InteractiveShell, widget: bool, text: str) -> StatusLine | None:
     """The cell's first line, shown at once where a Jupyter frontend draws it (a
     :class:`~phalanx.widgets._status_line.StatusLine`); None in a terminal or with
     ``--no-widget``, whose text progress is its own first line."""
@@ -297,7 +308,9 @@ def _first_line(shell: Any, widget: bool, text: str) -> Any:
 
 def _whole_number(value: str | None, usage: str, minimum: int = 1) -> int:
     try:
-        number = int(value)  # type: ignore[arg-type]
+        if value is None:
+            raise TypeError(value)
+        number = int(value)
     except (TypeError, ValueError):
         raise UsageError(f"{usage}: expected a whole number, got {value!r}") from None
     if number < minimum:
@@ -305,7 +318,7 @@ def _whole_number(value: str | None, usage: str, minimum: int = 1) -> int:
     return number
 
 
-def register(ipython: Any) -> None:
+def register(ipython: InteractiveShell) -> None:
     """Register the magics on ``ipython`` (``%load_ext phalanx``), and show the session's
     :class:`~phalanx._session.EngineStatus` answers as the engine table there, so
     ``session.status()`` at the end of a cell looks like ``%cluster status``."""

@@ -19,10 +19,15 @@ import shlex
 import shutil
 import subprocess
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ._errors import ClusterError
 from ._launcher_base import LaunchOptions, RemoteLauncher
+
+if TYPE_CHECKING:
+    from ipyparallel.cluster.launcher import BaseLauncher
+
+    from ._ranks import EngineSlot
 
 # sh runs the submit command with its error output on stdout: ipyparallel keeps only stdout,
 # and the batch system's own message ("invalid partition specified") is what to show.
@@ -66,7 +71,7 @@ class BatchLauncher(RemoteLauncher):
     system = "PBS"
     restarts_one_engine = True
 
-    def replaces_alone(self, slot: Any) -> bool:
+    def replaces_alone(self, slot: EngineSlot) -> bool:
         return True  # the successor is a job of its own: the batch system places it
 
     def __init__(self, options: LaunchOptions) -> None:
@@ -103,7 +108,7 @@ class BatchLauncher(RemoteLauncher):
                             f"    {said or '(no message)'}\n"
                             f"Check the flags given with --{self.name}-args or in the profile.")
 
-    def set_name(self, engine_set: Any) -> str:
+    def set_name(self, engine_set: BaseLauncher) -> str:
         job = getattr(engine_set, "job_id", "")
         return f"{self.system} job {job}" if job else f"the {self.system} job"
 
@@ -136,7 +141,7 @@ class SlurmLauncher(BatchLauncher):
         state, reason = out.splitlines()[0].split("|", 1)
         return state, reason
 
-    def set_failure(self, engine_set: Any, waited_out: bool) -> str | None:
+    def set_failure(self, engine_set: BaseLauncher, waited_out: bool) -> str | None:
         job = getattr(engine_set, "job_id", "")
         if not job or (not waited_out and time.monotonic() - self._checked_at < POLL_S):
             return None
@@ -168,7 +173,7 @@ class SlurmLauncher(BatchLauncher):
                 running.append(f"engine {slot.engine_id} (pid {slot.pid} on {slot.host})")
         return running
 
-    def gone_on_node(self, slot: Any, timeout: float) -> bool:
+    def gone_on_node(self, slot: EngineSlot, timeout: float) -> bool:
         """Whether ``slot``'s engine process has exited on its node, within ``timeout`` s."""
         job = slot.info.get(JOB_ID)
         if not job or not slot.pid or not slot.host:
@@ -183,12 +188,12 @@ class SlurmLauncher(BatchLauncher):
             return False
         return done.returncode == 0
 
-    def note_started(self, engine_set: Any, slots: list) -> None:
+    def note_started(self, engine_set: BaseLauncher, slots: list[EngineSlot]) -> None:
         job = getattr(engine_set, "job_id", "")
         for slot in slots:  # what await_exited needs to look inside the job
             slot.info[JOB_ID] = job
 
-    def after_stop(self, engine_set: Any, timeout: float = 60.0) -> None:
+    def after_stop(self, engine_set: BaseLauncher, timeout: float = 60.0) -> None:
         job = getattr(engine_set, "job_id", "")
         deadline = time.monotonic() + timeout
         while job and (self.job_state(job) or ("GONE",))[0] in LIVE:

@@ -15,10 +15,18 @@ from __future__ import annotations
 
 import socket
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from ._errors import ClusterError
 from ._locality import is_loopback, route_address
+
+if TYPE_CHECKING:
+    import subprocess
+
+    from ipyparallel.cluster.launcher import BaseLauncher
+    from traitlets.config import Config
+
+    from ._ranks import EngineSlot
 
 
 # Any address outside this host's networks: asking the routing table for it yields the address
@@ -51,8 +59,8 @@ class Launcher:
 
     def __init__(self, options: LaunchOptions) -> None:
         self.options = options
-        self.profile_config: Any = None  # the ipyparallel profile's config, once loaded
-        self.profile_dir: Any = None     # ... and its folder
+        self.profile_config: Config | None = None  # the ipyparallel profile's config, once loaded
+        self.profile_dir: str | None = None     # ... and its folder
 
     @property
     def ipyparallel_engines(self) -> str:
@@ -87,31 +95,31 @@ class Launcher:
         return {"engine_cmd": supervised("ipyparallel.engine"),
                 "environment": {**environment, **parent_env()}}
 
-    def set_failure(self, engine_set: Any, waited_out: bool) -> str | None:
+    def set_failure(self, engine_set: BaseLauncher, waited_out: bool) -> str | None:
         """Why an engine set that has not registered will not (``None``: keep waiting).
 
         ``waited_out`` is true once the start timeout has passed."""
         return None
 
-    def set_name(self, engine_set: Any) -> str:
+    def set_name(self, engine_set: BaseLauncher) -> str:
         """How an engine set is named in messages."""
         return "engine(s)"
 
-    def submit_error(self, exc: Any) -> ClusterError:
+    def submit_error(self, exc: subprocess.CalledProcessError) -> ClusterError:
         """A command that starts engines failed (batch launchers show the system's message)."""
         return ClusterError(f"the {self.name} launcher could not start engines: {exc}")
 
-    def forget(self, engine_set: Any) -> None:
+    def forget(self, engine_set: BaseLauncher) -> None:
         """Let go of an engine set whose engines have all exited on request."""
 
-    def note_started(self, engine_set: Any, slots: list) -> None:
+    def note_started(self, engine_set: BaseLauncher, slots: list[EngineSlot]) -> None:
         """Remember, for each newly registered slot, what a restart needs to replace it."""
 
     def hosts_of(self, slots: list) -> dict[str, int] | None:
         """Where replacements of ``slots`` go (``None``: where the options say)."""
         return None
 
-    def replaces_alone(self, slot: Any) -> bool:
+    def replaces_alone(self, slot: EngineSlot) -> bool:
         """Whether ``slot``'s engine, one of a group, can be replaced alone: its launcher ends
         one engine of a set and knows where to start its successor."""
         return self.restarts_one_engine and self.hosts_of([slot]) is not None
@@ -134,7 +142,7 @@ class Launcher:
     def cleanup(self) -> None:
         """After a stop: remove what the launcher made outside the kernel's profile."""
 
-    def after_stop(self, engine_set: Any, timeout: float = 30.0) -> None:
+    def after_stop(self, engine_set: BaseLauncher, timeout: float = 30.0) -> None:
         """Wait, after ipyparallel stopped an engine set, until it is really gone."""
 
 

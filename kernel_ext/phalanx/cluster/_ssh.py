@@ -29,13 +29,18 @@ import shutil
 import subprocess
 import sys
 from collections import Counter
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ._errors import ClusterError
 from ._launcher_base import LaunchOptions, RemoteLauncher
 from ._ssh_exit import end_on_hosts
 from ._ssh_waits import end as end_ssh_waits
 from ._ssh_waits import install as killable_ssh_waits
+
+if TYPE_CHECKING:
+    from ipyparallel.cluster.launcher import BaseLauncher
+
+    from ._ranks import EngineSlot
 
 log = logging.getLogger("phalanx")
 
@@ -155,7 +160,7 @@ class SshLauncher(RemoteLauncher):
     def python(self) -> str:
         return str(self._configured("remote_python") or sys.executable)
 
-    def note_started(self, engine_set: Any, slots: list) -> None:
+    def note_started(self, engine_set: BaseLauncher, slots: list[EngineSlot]) -> None:
         """Remember the --hosts entry each new engine runs on (its pid is the one ipyparallel
         started over SSH there), so that a restart starts its replacement on the same host."""
         started = {launcher.pid: key.rsplit("/", 1)[0]
@@ -195,7 +200,7 @@ class SshLauncher(RemoteLauncher):
                         waiting.set()
                     end_ssh_waits(launcher)  # the wait session already under way, too
 
-    def forget(self, engine_set: Any) -> None:
+    def forget(self, engine_set: BaseLauncher) -> None:
         self._let_go([engine_set], {launcher.pid for launcher in
                                     getattr(engine_set, "launchers", {}).values()})
 
@@ -213,5 +218,5 @@ class SshLauncher(RemoteLauncher):
                 call.wait()
                 log.warning("phalanx: removing %s on host %s did not finish", self._private, host)
 
-    def set_name(self, engine_set: Any) -> str:
+    def set_name(self, engine_set: BaseLauncher) -> str:
         return f"engine(s) on {', '.join(self.hosts())}"

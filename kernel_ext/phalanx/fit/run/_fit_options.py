@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
 
 from ...wire._options import (BACKENDS, DEFAULT_ALPHA, DEFAULT_BUCKET_MB, DEFAULT_CHECK_EVERY,
                                 DEFAULT_EVERY, DEFAULT_OVERLAP, DEFAULT_SYNC, DEFAULT_UNEVEN,
@@ -65,17 +64,18 @@ class FitOptions:
     extra: dict = field(default_factory=dict)
 
     @classmethod
-    def build(cls, *, n: Any = None, sync: str = DEFAULT_SYNC, every: Any = DEFAULT_EVERY,
-              alpha: Any = DEFAULT_ALPHA, backend: str = "auto", shard: str | None = None,
-              returns: str | None = None, keep: str | None = None, seed: Any = None,
-              steps: Any = None,
-              timeout: Any = None, collective_timeout: Any = 60.0, name: str | None = None,
-              widget: bool = True, checkpoint_every: Any = None, checkpoint_dir: str | None = None,
-              resume: bool = False, max_restarts: Any = 0, uneven: str = DEFAULT_UNEVEN,
+    def build(cls, *, n: int | None = None, sync: str = DEFAULT_SYNC, every: int = DEFAULT_EVERY,
+              alpha: float = DEFAULT_ALPHA, backend: str = "auto", shard: str | None = None,
+              returns: str | None = None, keep: str | None = None, seed: int | None = None,
+              steps: int | None = None,
+              timeout: float | None = None, collective_timeout: float = 60.0,
+              name: str | None = None, widget: bool = True, checkpoint_every: int | None = None,
+              checkpoint_dir: str | None = None,
+              resume: bool = False, max_restarts: int = 0, uneven: str = DEFAULT_UNEVEN,
               keep_history: str | None = None, tensorboard: str | None = None,
-              mlflow: str | None = None, profile: Any = None,
-              bucket_mb: Any = DEFAULT_BUCKET_MB, overlap: str = DEFAULT_OVERLAP,
-              check_every: Any = DEFAULT_CHECK_EVERY) -> "FitOptions":
+              mlflow: str | None = None, profile: int | None = None,
+              bucket_mb: float = DEFAULT_BUCKET_MB, overlap: str = DEFAULT_OVERLAP,
+              check_every: int = DEFAULT_CHECK_EVERY) -> "FitOptions":
         """Check every flag and return the options, or raise :class:`FitUsageError`."""
         # A plain name may be a notebook class: the runner checks it against the notebook.
         if sync not in STRATEGIES and not (_IDENT.match(sync or "") or _DOTTED.match(sync or "")):
@@ -96,9 +96,9 @@ class FitOptions:
         for value, flag in ((n, "-n"), (steps, "--steps")):
             if value is not None:
                 _positive_int(value, flag)
-        for value, flag in ((timeout, "--timeout"), (collective_timeout, "--collective-timeout")):
-            if value is not None and float(value) <= 0:
-                raise FitUsageError(f"{flag} must be a positive number of seconds, got {value}")
+        for seconds, flag in ((timeout, "--timeout"), (collective_timeout, "--collective-timeout")):
+            if seconds is not None and float(seconds) <= 0:
+                raise FitUsageError(f"{flag} must be a positive number of seconds, got {seconds}")
         _check_recovery(checkpoint_every, checkpoint_dir, resume, max_restarts)
         if profile is not None:
             _positive_int(profile, "--profile")
@@ -134,7 +134,8 @@ class FitOptions:
         return bool(self.checkpoint_every or self.resume)
 
 
-def _check_recovery(every: Any, directory: str | None, resume: bool, max_restarts: Any) -> None:
+def _check_recovery(every: int | None, directory: str | None, resume: bool,
+                    max_restarts: object) -> None:
     if every is not None:
         _positive_int(every, "--checkpoint-every")
     if directory and every is None and not resume:
@@ -161,6 +162,6 @@ def _hint(value: str, choices: tuple[str, ...]) -> str:
     return f" ({hint})" if hint else ""
 
 
-def _positive_int(value: Any, flag: str) -> None:
+def _positive_int(value: object, flag: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise FitUsageError(f"{flag} must be a whole number of at least 1, got {value!r}")
