@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from ..commits._commits import CommitStore
 from ...wire._options import TrainOptions
@@ -54,9 +54,11 @@ class RunContext:
     log_calls: int = 0
     metrics: MetricsSender | None = None  # MetricsSender
     collectives: Collectives | None = None  # Collectives (dispatching communicator)
-    ddp_param_ids: set = field(default_factory=set)
-    strategies: dict = field(default_factory=dict)   # id(optimizer or estimator) -> strategy
-    tracked: list = field(default_factory=list)      # (strategy, params_fn) for finish()
+    ddp_param_ids: set[int] = field(default_factory=set)
+    # id(optimizer or estimator) -> strategy
+    strategies: dict[int, SyncStrategy] = field(default_factory=dict)
+    # (strategy, params_fn) for finish()
+    tracked: list[tuple[SyncStrategy, Callable[[], list]]] = field(default_factory=list)
     # what the run changed in other libraries, undone at its end (see _patch_ledger)
     patches: PatchLedger = field(default_factory=PatchLedger)
     bytes_at_start: int = 0             # the communicators' counter when the run began

@@ -21,6 +21,7 @@ chosen by the strategy.
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import TYPE_CHECKING, Any, Iterator
 
 from ._agreement import check_every_steps
@@ -126,7 +127,7 @@ class StepHooks:
         if self.watch is not None:
             self.watch.mark_synced(params)  # broadcast by start: no need at their first forward
         self.run.strategies[key] = strategy
-        self.run.tracked.append((strategy, lambda o=optimizer: _optimizer_params(o)))
+        self.run.tracked.append((strategy, functools.partial(_optimizer_params, optimizer)))
         if self._skipped(strategy):
             self._skip.add(key)
         elif strategy.averages_gradients:
