@@ -18,9 +18,15 @@ from __future__ import annotations
 
 import datetime
 import html
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .fit.telemetry._durations import fmt_wall
+
+if TYPE_CHECKING:
+    from ._background import BackgroundRun
+    from .fit import RunRecord
+    from .fit.telemetry._history import MetricHistory
+    from .fit.telemetry._run_log import RunLog
 
 
 def _first_line(cell: str) -> str:
@@ -31,7 +37,7 @@ def _first_line(cell: str) -> str:
 class PastRun:
     """One recorded run of the notebook."""
 
-    def __init__(self, entry: dict, log: Any, handle: Any = None) -> None:
+    def __init__(self, entry: dict, log: RunLog, handle: BackgroundRun | None = None) -> None:
         self._entry, self._log, self._handle = entry, log, handle
         self.run_id: str = entry["run"]
         self.name: str = entry["name"]
@@ -41,7 +47,7 @@ class PastRun:
         self.metrics: dict[str, float] = dict(entry.get("metrics") or {})
         self.steps = {int(r): int(s) for r, s in (entry.get("steps") or {}).items()}
         self.error: str | None = entry.get("error")
-        self._record: Any = None
+        self._record: RunRecord | None = None
 
     @property
     def status(self) -> str:
@@ -53,7 +59,7 @@ class PastRun:
         """Seconds the run took (None while it runs)."""
         return self._entry.get("wall_s")
 
-    def history(self) -> Any:
+    def history(self) -> MetricHistory:
         """The run's complete metric history, read back from disk (``.to_pandas()``)."""
         from .fit.telemetry._history import MetricHistory
 
@@ -62,7 +68,7 @@ class PastRun:
         except FileNotFoundError:
             return MetricHistory()  # a run that logged nothing (or whose files were removed)
 
-    def record(self) -> Any:
+    def record(self) -> RunRecord:
         """A :class:`~phalanx.fit.RunRecord` of the run as recorded (its curves, steps, status)."""
         if self._record is None:
             from .fit import RunRecord
@@ -78,7 +84,7 @@ class PastRun:
 
     # --- a background run of this kernel ------------------------------------------------------
 
-    def wait(self, timeout: float | None = None) -> Any:
+    def wait(self, timeout: float | None = None) -> RunRecord | None:
         """A background run: block until it ends (its record, or its error raised here).
         A run that is over: its record."""
         return self._handle.wait(timeout) if self._handle is not None else self.record()
@@ -87,7 +93,7 @@ class PastRun:
         """Stop a background run of this kernel that still goes; False for any other run."""
         return bool(self._handle.stop()) if self._handle is not None else False
 
-    def result(self, name: str) -> Any:
+    def result(self, name: str) -> object:
         """A ``--return`` name of a background run of this kernel."""
         if self._handle is None:
             raise ValueError(f"{self.name} was not a background run of this kernel: its returned "

@@ -23,16 +23,20 @@ Example::
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    import torch
+    from torch.utils.hooks import RemovableHandle
 
 
-def is_lazy(tensor: Any) -> bool:
+def is_lazy(tensor: object) -> bool:
     """An uninitialised parameter or buffer of a lazy module (no shape, no values yet)."""
     parameter = sys.modules.get("torch.nn.parameter")
     return parameter is not None and isinstance(tensor, parameter.UninitializedTensorMixin)
 
 
-def holds_lazy(module: Any, recurse: bool = True) -> bool:
+def holds_lazy(module: torch.nn.Module, recurse: bool = True) -> bool:
     """Whether ``module`` (with its submodules, unless ``recurse`` is false) has a lazy tensor."""
     return any(is_lazy(t) for t in (*module.parameters(recurse=recurse),
                                     *module.buffers(recurse=recurse)))
@@ -42,11 +46,12 @@ class LazyModules:
     """Calls ``materialised(module, args)`` once a watched lazy module has its parameters, at
     the forward that gave them, before that forward computes."""
 
-    def __init__(self, materialised: Callable[[Any, Any], None]) -> None:
+    def __init__(self, materialised: Callable[[torch.nn.Module, tuple[object, ...]], None]
+                 ) -> None:
         self._materialised = materialised
-        self._hooks: dict[int, Any] = {}  # id(module) -> its hook, until it is materialised
+        self._hooks: dict[int, RemovableHandle] = {}  # id(module) -> its hook, until it is materialised
 
-    def watch(self, module: Any) -> None:
+    def watch(self, module: torch.nn.Module) -> None:
         """Hook ``module`` and its submodules that hold lazy tensors (idempotent)."""
         for sub in module.modules():
             if id(sub) not in self._hooks and holds_lazy(sub, recurse=False):
@@ -59,7 +64,7 @@ class LazyModules:
             handle.remove()
         self._hooks.clear()
 
-    def _after_init(self, module: Any, args: Any) -> None:
+    def _after_init(self, module: torch.nn.Module, args: tuple[object, ...]) -> None:
         if holds_lazy(module, recurse=False):
             return  # not materialised by this call (a module that initialises elsewhere)
         handle = self._hooks.pop(id(module), None)
@@ -68,7 +73,7 @@ class LazyModules:
         self._materialised(module, args)
 
 
-def materialise_like(tensor: Any, value: Any) -> None:
+def materialise_like(tensor: torch.Tensor, value: torch.Tensor) -> None:
     """Give a lazy ``tensor`` (a notebook model's, never run there) ``value``'s shape, dtype
     and device, as its module's first forward would have: a model trained on the engines comes
     back into it."""

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._durations import fmt_wall
 from ._history import MetricHistory
+
+if TYPE_CHECKING:
+    from ._digest import CurveDigest
+    from ._parts_series import PartsSeries
+    from ._profile import ProfileReport
 
 
 @dataclass
@@ -27,15 +32,15 @@ class RunRecord:
     changes: list[dict] = field(default_factory=list)
     # Peak memory of each rank over the run: {rank: {"rss_mb", "cuda_allocated_mb", ...}}
     memory: dict[int, dict[str, float]] = field(default_factory=dict)
-    profile: Any = None              # a ProfileReport with --profile
+    profile: ProfileReport | None = None  # with --profile
     # Seconds per rank in phalanx collectives (waiting for the slowest peer / moving bytes) and
     # in log(): {rank: {"collective_s", "collective_wait_s", "collective_move_s", "log_s", ...}},
     # seconds but for "slow", the text saying which part made a slow rank slow
     timing: dict[int, dict[str, Any]] = field(default_factory=dict)
     # The curves at bounded size (a CurveDigest): what the summary draws and a reloaded panel gets
-    digest: Any = None
+    digest: CurveDigest | None = None
     # Each rank's step parts through the run, at bounded size (a PartsSeries)
-    parts_series: Any = None
+    parts_series: PartsSeries | None = None
     # The optimizer steps the run was to take: --steps, else what the training framework said
     total_steps: int | None = None
     # Each rank's bytes of the cell's parameters, gradients and optimizer state at the end, as
@@ -66,8 +71,9 @@ class RunRecord:
     def history_manifest(self) -> dict:
         """What the manifest says of the history: where it is, its size, per-rank statistics
         (small whatever the run's length)."""
-        out = {"path": self.history.directory, "rows": len(self.history),
-               "metrics": self.history.metric_names(), "format": "npz column chunks"}
+        out: dict[str, object] = {"path": self.history.directory, "rows": len(self.history),
+                                  "metrics": self.history.metric_names(),
+                                  "format": "npz column chunks"}
         if self.digest is not None:
             out["per_rank"] = self.digest.stats()
         return out
@@ -164,7 +170,7 @@ class RunRecord:
         return f"<div>{title}<table><tr>{head}</tr>{body}</table></div>"
 
 
-def _fmt(value: Any) -> str:
+def _fmt(value: object) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     return html.escape("" if value is None else str(value))

@@ -36,10 +36,10 @@ _ABSENT = object()  # the attribute was not in the owner's own __dict__ before t
 class _Patched:
     """An attribute the ledger set, and what was there before."""
 
-    owner: Any
+    owner: object
     name: str
-    replacement: Any
-    original: Any
+    replacement: object
+    original: object
     what: str
 
     def undo(self) -> None:
@@ -58,7 +58,7 @@ class _Patched:
 class _Undo:
     """An adapter's own undo."""
 
-    undo: Callable[[], Any]
+    undo: Callable[[], object]
     what: str
 
 
@@ -68,7 +68,7 @@ class PatchLedger:
     def __init__(self) -> None:
         self._entries: list[_Patched | _Undo] = []
 
-    def set(self, owner: Any, name: str, replacement: Any, what: str) -> Any:
+    def set(self, owner: object, name: str, replacement: object, what: str) -> Any:
         """``setattr(owner, name, replacement)`` for the run; returns what was there (the
         attribute as looked up, so a class's inherited method too)."""
         before = getattr(owner, name, None)
@@ -77,7 +77,7 @@ class PatchLedger:
         self._entries.append(_Patched(owner, name, replacement, original, what))
         return before
 
-    def on_undo(self, undo: Callable[[], Any] | None, what: str) -> None:
+    def on_undo(self, undo: Callable[[], object] | None, what: str) -> None:
         """Run ``undo`` when the run ends (nothing when ``undo`` is None)."""
         if undo is not None:
             self._entries.append(_Undo(undo, what))

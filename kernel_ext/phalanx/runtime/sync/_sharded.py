@@ -19,22 +19,27 @@ Example (inside ``%%distributed_fit --keep model,opt``)::
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...wire._seam import FullStateDict
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["shard_model", "is_sharded", "FullStateDict", "full_state_dict",
            "release_derived_classes"]
 
 
-def is_sharded(value: Any) -> bool:
+def is_sharded(value: object) -> bool:
     """Whether ``value`` is a module FSDP2 has sharded."""
     fsdp = sys.modules.get("torch.distributed.fsdp")
     return fsdp is not None and isinstance(value, fsdp.FSDPModule)
 
 
-def shard_model(model: Any, device: Any = None, reshard_after_forward: bool = True,
-                mp_policy: Any = None, offload: bool = False) -> Any:
+def shard_model(model: torch.nn.Module, device: torch.device | None = None,
+                reshard_after_forward: bool = True,
+                mp_policy: torch.distributed.fsdp.MixedPrecisionPolicy | torch.dtype | None = None,
+                offload: bool = False) -> torch.nn.Module:
     """``fully_shard`` per block, then the whole model (in place; returns the model)."""
     import torch
     import torch.distributed as dist
@@ -60,7 +65,7 @@ def shard_model(model: Any, device: Any = None, reshard_after_forward: bool = Tr
     return model
 
 
-def _blocks(model: Any) -> list:
+def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The units sharded one by one: the modules of every ``ModuleList`` (transformer layers),
     else the children of a ``Sequential`` that hold parameters."""
     import torch
@@ -72,7 +77,7 @@ def _blocks(model: Any) -> list:
     return blocks
 
 
-def full_state_dict(model: Any) -> FullStateDict:
+def full_state_dict(model: torch.nn.Module) -> FullStateDict:
     """Gather ``model``'s full state dict on the CPU (a collective: every rank calls it)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 

@@ -22,7 +22,12 @@ from __future__ import annotations
 import gzip
 import os
 import tempfile
-from typing import Any
+from typing import TYPE_CHECKING, MutableMapping
+
+if TYPE_CHECKING:
+    import torch
+    import torch.autograd.profiler
+    from torch.utils.hooks import RemovableHandle
 
 TOP_OPERATORS = 10
 
@@ -30,7 +35,7 @@ TOP_OPERATORS = 10
 class StepProfiler:
     """torch.profiler around the first ``steps`` optimizer steps of this rank."""
 
-    def __init__(self, steps: int, device: Any) -> None:
+    def __init__(self, steps: int, device: torch.device | None) -> None:
         from torch.profiler import ProfilerActivity, profile
 
         self.cuda = getattr(device, "type", "cpu") == "cuda"
@@ -40,9 +45,10 @@ class StepProfiler:
         self.steps = steps
         self.recorded = 0
         self._profile = profile(activities=activities)
-        self._hook: Any = None
+        self._hook: RemovableHandle | None = None
         self._running = False
-        self._mark: Any = None  # the open ProfilerStep#N range
+        # the open ProfilerStep#N range
+        self._mark: torch.autograd.profiler.record_function | None = None
 
     def start(self) -> "StepProfiler":
         from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -53,7 +59,7 @@ class StepProfiler:
         self._hook = register_optimizer_step_post_hook(self._after_step)
         return self
 
-    def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def _after_step(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
         if not self._running:
             return
         self.recorded += 1
@@ -114,7 +120,7 @@ class StepProfiler:
         return rows[:limit]
 
 
-def detach_cupti_when_stopped(environ: Any) -> None:
+def detach_cupti_when_stopped(environ: MutableMapping[str, str]) -> None:
     """Ask torch's profiler to detach CUPTI when it stops (read by it at that moment), unless the
     person chose otherwise.
 
@@ -126,6 +132,6 @@ def detach_cupti_when_stopped(environ: Any) -> None:
     environ.setdefault("TEARDOWN_CUPTI", "1")
 
 
-def start_profiler(steps: int | None, device: Any) -> StepProfiler | None:
+def start_profiler(steps: int | None, device: torch.device | None) -> StepProfiler | None:
     """A running profiler when the run asked for one (``--profile STEPS``)."""
     return StepProfiler(steps, device).start() if steps else None
