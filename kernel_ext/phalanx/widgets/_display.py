@@ -43,7 +43,11 @@ from ._summary import RunSummary
 from ._text import TextProgress
 
 if TYPE_CHECKING:
-    from ._run_view import RunView
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from ..fit import RunRecord
+    from ._run_view import FollowedRun, RunView
+    from ._status_line import StatusLine
 
 log = logging.getLogger("phalanx")
 
@@ -62,9 +66,9 @@ def _display(obj: object) -> None:
 class RunDisplay:
     """Live view or text progress of one run, then its summary."""
 
-    def __init__(self, session: Any, shell: Any = None, widget: bool = True,
+    def __init__(self, session: Any, shell: InteractiveShell | None = None, widget: bool = True,
                  show: Callable[[object], None] | None = None, body: str | None = None,
-                 line: Any = None) -> None:
+                 line: StatusLine | None = None) -> None:
         self.session, self.shell = session, shell
         self.live = bool(widget) and _frontend.widgets_available(shell)
         # The cell's first line (a StatusLine shown before this was imported): the live view
@@ -87,7 +91,7 @@ class RunDisplay:
         self._lock = threading.Lock()
         self._early: list[dict] = []  # the run's events before its view exists (a second's worth)
 
-    def start(self, tracker: Any, name: str) -> None:
+    def start(self, tracker: FollowedRun, name: str) -> None:
         """``on_start`` callback of ``Session.distributed_fit``: subscribe, show the view now
         or, for a cell whose last run was quick, once this one has trained LIVE_AFTER_S."""
         self.run_id = tracker.run_id
@@ -98,7 +102,7 @@ class RunDisplay:
         else:
             self._open(tracker, name)
 
-    def _open(self, tracker: Any, name: str) -> None:
+    def _open(self, tracker: FollowedRun, name: str) -> None:
         """Build and show the view, then hand it the events that came before it."""
         view: RunView | TextProgress
         try:
@@ -199,7 +203,7 @@ class RunDisplay:
                 log.exception("phalanx: finishing the live view failed")
         return RunSummary(record) if record is not None else None
 
-    def _record(self) -> Any:
+    def _record(self) -> RunRecord | None:
         last = self.session.last_record
         if self.run_id is None or last is None or last.run_id != self.run_id:
             return None  # the run ended before it had a record (e.g. interrupted while sending)

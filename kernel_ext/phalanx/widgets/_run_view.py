@@ -28,7 +28,7 @@ import html
 import re
 import threading
 import time
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 
 from ._format import DOT, fmt_duration, fmt_rate, fmt_wall, overall
 from ._plot import MAX_POINTS, WAITING_HTML, LivePlot
@@ -36,6 +36,24 @@ from ._progress import ProgressPanel
 from ._series import Points, SeriesBuilder, merge
 from ._summary import summary_curves_class
 from ._throttle import Throttle
+
+if TYPE_CHECKING:
+    import ipywidgets
+
+    from ..fit import RunRecord
+
+
+class FollowedRun(Protocol):
+    """What a view needs of the run it shows (the run's tracker, which ``on_start`` gets)."""
+
+    @property
+    def run_id(self) -> str: ...
+
+    @property
+    def world_size(self) -> int: ...
+
+    @property
+    def total_steps(self) -> int | None: ...
 
 # How often the view shows what arrived (header, counters, chart), whatever the load: the cell's
 # chart is then at most this far behind the panel's.  An update costs ~1-2 ms (the new points'
@@ -65,7 +83,7 @@ class RunView:
 
     def __init__(self, run_id: str, name: str, world_size: int, total_steps: int | None,
                  clock: Callable[[], float] = time.monotonic,
-                 on_stop: Callable[[], Any] | None = None, plot_ahead: bool = True,
+                 on_stop: Callable[[], object] | None = None, plot_ahead: bool = True,
                  build_with: Callable[[Callable[[], None]], None] | None = None) -> None:
         import ipywidgets as w
 
@@ -108,7 +126,8 @@ class RunView:
         self.cpu_s = 0.0  # CPU time the live updates took
         self._clock, self._started = clock, clock()
         self._ranks: list[Mapping[str, Any]] = []
-        self._status, self._wall = "running", None
+        self._status = "running"
+        self._wall: float | None = None
         self._inbox: list[Mapping[str, Any]] = []
         self._points: Points = {}  # split from arrived rows, waiting to be streamed
         self._due = Throttle(LIVE_INTERVAL_S, clock)
@@ -119,7 +138,8 @@ class RunView:
             build_with(self._build_plot_locked)
 
     @classmethod
-    def for_tracker(cls, tracker: Any, name: str, on_stop: Callable[[], Any] | None = None,
+    def for_tracker(cls, tracker: FollowedRun, name: str,
+                    on_stop: Callable[[], object] | None = None,
                     plot_ahead: bool = True,
                     build_with: Callable[[Callable[[], None]], None] | None = None) -> "RunView":
         """The view of the run ``tracker`` follows (what ``on_start`` receives)."""
@@ -155,7 +175,7 @@ class RunView:
         with self._lock:
             self._apply()
 
-    def finish(self, record: Any = None) -> None:
+    def finish(self, record: RunRecord | None = None) -> None:
         """The run is over: final means, the engines' exact step counts, the final state."""
         with self._lock:
             self._over = True
@@ -208,11 +228,11 @@ class RunView:
                 self.plot.close()
             _close_tree(self.widget)
 
-    def _trained(self, record: Any) -> bool:
+    def _trained(self, record: RunRecord | None) -> bool:
         steps = record.steps.values() if record is not None else (r["step"] for r in self._ranks)
         return any(int(s) > 0 for s in steps)
 
-    def _chart_widget(self) -> Any:
+    def _chart_widget(self) -> ipywidgets.DOMWidget:
         return self.plot.model if self.plot is not None else self._placeholder
 
     def _hint_if_silent(self) -> None:
@@ -335,14 +355,14 @@ class RunView:
             return f"waiting for rank{'s' * (len(waiting) > 1)} {', '.join(waiting)} to start"
         return "every rank started: first step…"
 
-    def _repr_mimebundle_(self, **kwargs: Any) -> dict:
+    def _repr_mimebundle_(self, **kwargs: object) -> dict:
         bundle = self.widget._repr_mimebundle_(**kwargs) or {}
         # What a saved notebook shows where no widget can be drawn: the summary follows it.
         bundle["text/plain"] = f"phalanx live view of {self.name} (needs a running kernel)"
         return bundle
 
 
-def _close_tree(widget: Any) -> None:
+def _close_tree(widget: ipywidgets.Widget) -> None:
     """Close ``widget`` and every widget under it (closing a box leaves its children open)."""
     for child in getattr(widget, "children", ()):
         _close_tree(child)
