@@ -35,6 +35,12 @@ if TYPE_CHECKING:  # loaded on first use (see __getattr__); named here for type 
     from .runtime import steps as steps
     from .runtime import wrap as wrap
 
+    from distributed import Client as DaskClient
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from ._session import Session
+    from .fit import RunRecord
+
 __all__ = ["log", "allreduce", "broadcast", "barrier", "wrap", "no_sync", "bytes_sent", "steps",
            "latest_metrics", "SyncStrategy", "param_values", "param_grads", "Communicator",
            "last_run", "manifest", "dask_client", "breakpoint",
@@ -67,19 +73,19 @@ def breakpoint(rank: int | None = None) -> None:  # noqa: A001 - Python's, for o
     breakpoint_on(rank, sys._getframe(1))
 
 
-def get_session() -> Any:
+def get_session() -> Session:
     """The phalanx session of the running IPython kernel (created on first use)."""
     from ._session import session_for_shell
 
     return session_for_shell()
 
 
-def last_run() -> Any:
+def last_run() -> RunRecord:
     """The last ``%%distributed_fit`` run: status, wall time, per-rank steps, history, manifest."""
     return get_session().last_run()
 
 
-def dask_client() -> Any:
+def dask_client() -> DaskClient:
     """The cluster's dask ``distributed.Client`` (workers inside the engines), dask's default
     client while the cluster runs: ``xgboost.dask``, ``dask.array`` ... use it as they are.
     It follows ``%cluster scale`` and ``restart`` and ends with the cluster.
@@ -131,7 +137,7 @@ def data_parallel(**options: Any) -> Any:
     return make_runner(**options)
 
 
-def load_ipython_extension(ipython: Any) -> None:
+def load_ipython_extension(ipython: InteractiveShell) -> None:
     """Called by ``%load_ext phalanx``."""
     from ._magics import register
     from ._session import session_for_shell
@@ -140,7 +146,7 @@ def load_ipython_extension(ipython: Any) -> None:
     session_for_shell(ipython)  # creates the session and opens the door for the lab panel
 
 
-def unload_ipython_extension(ipython: Any) -> None:
+def unload_ipython_extension(ipython: InteractiveShell) -> None:
     """Called by ``%unload_ext phalanx``: stops the cluster this kernel started."""
     from ._session import close_session
 

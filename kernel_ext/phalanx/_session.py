@@ -21,7 +21,7 @@ import dataclasses
 import functools
 import logging
 import threading
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from . import events
 from ._bus import EventBus
@@ -31,6 +31,11 @@ from ._run_records import RunRecords
 from .cluster import ClusterError, ClusterManager, LaunchOptions, memory_mb, visible_gpus
 from .cluster._memory import add_engine_figures
 from .fit import FitOptions, FitRunner, FitUsageError, RunRecord
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from .fit.telemetry._tracker import RunTracker
 
 log = logging.getLogger("phalanx")
 
@@ -66,7 +71,8 @@ class EngineStatus:
 class Session(RunHistoryQueries, RunRecords):
     """The kernel's phalanx state: cluster, runs, networks and the event bus."""
 
-    def __init__(self, shell: Any = None, device_lister: Any = visible_gpus) -> None:
+    def __init__(self, shell: InteractiveShell | None = None,
+                 device_lister: Callable[[], list[str]] = visible_gpus) -> None:
         self._verbs = threading.RLock()
         self.shell = shell
         self.events = EventBus()
@@ -210,6 +216,12 @@ class Session(RunHistoryQueries, RunRecords):
                     for part in ("parameters", "gradients", "optimizer_state"))
         return EngineStatus(rows, self.cluster.launcher)
 
+    def engine_log(self, lines: int = 200) -> tuple[str | None, list[str]]:
+        """The cluster's log file and its last ``lines`` lines: what the engines and the
+        controller said that is not the user's, the running ones' so far included (the panel's
+        Log).  ``(None, [])`` before any cluster started."""
+        return self.cluster.log_file, self.cluster.log_tail(lines)
+
     def stacks(self) -> str:
         """Every rank's Python stack at this moment (``%cluster stacks``), with the collective
         it waits in and for how long; answered within 2 s, during a run too, stopping nothing."""
@@ -266,7 +278,7 @@ class Session(RunHistoryQueries, RunRecords):
     # --- runs ---------------------------------------------------------------------------------
 
     def distributed_fit(self, body: str, opts: FitOptions, user_ns: dict,
-                        on_start: Any = None) -> RunRecord:
+                        on_start: Callable[[RunTracker, str], None] | None = None) -> RunRecord:
         """Run a training cell on every engine (``%%distributed_fit``)."""
         from .fit.analysis._precheck import check_cell
         from .fit.analysis._reproduce import cell_hash, warn_if_world_differs
@@ -278,14 +290,14 @@ class Session(RunHistoryQueries, RunRecords):
         held = [True]
         run_id: list[str] = []
 
-        def started(*args: Any) -> None:
+        def started(tracker: RunTracker, name: str) -> None:
             if held[0]:
                 held[0] = False
                 self._verbs.release()
-            run_id.append(args[0].run_id)
-            self._record_started(args[0], args[1], body)
+            run_id.append(tracker.run_id)
+            self._record_started(tracker, name, body)
             if on_start is not None:
-                on_start(*args)
+                on_start(tracker, name)
 
         pending, self._profile_next = self._profile_next, None
         if pending and opts.train.profile is None:
@@ -376,7 +388,7 @@ class Session(RunHistoryQueries, RunRecords):
                 lab.close()
 
 
-def session_for_shell(shell: Any = None) -> Session:
+def session_for_shell(shell: InteractiveShell | None = None) -> Session:
     """The session of ``shell`` (default: the running IPython), created on first use."""
     if shell is None:
         from IPython import get_ipython
@@ -393,7 +405,7 @@ def session_for_shell(shell: Any = None) -> Session:
     return session
 
 
-def close_session(shell: Any) -> None:
+def close_session(shell: InteractiveShell) -> None:
     session = getattr(shell, _ATTRIBUTE, None)
     if session is not None:
         session.close()
