@@ -118,11 +118,12 @@ test-shuffled:
 
 # The suite beside two CPU burners, as on a laptop that is also doing other work: a test that
 # depends on wall-clock speed fails here.  The burners end with the target, however it ends.
-# The browser test that starts burners of its own (test_live_busy_browser.py) runs only here.
+# The browser test that starts burners of its own (test_live_busy_browser.py) runs only here, and
+# the plot-documents test makes 30 runs in a row here (6 in make test).
 test-busy:
 	@burners=""; for i in 1 2; do python3 -c "while True: pass" & burners="$$burners $$!"; done; \
 	trap 'kill $$burners 2>/dev/null' EXIT INT TERM; \
-	PHALANX_TEST_BURNERS=1 $(MAKE) --no-print-directory test
+	PHALANX_TEST_BURNERS=1 PHALANX_TEST_DOC_RUNS=30 $(MAKE) --no-print-directory test
 
 demo: setup
 	$(PY) notebooks/demo.py
