@@ -35,6 +35,7 @@ from typing import Callable
 
 import numpy as np
 
+from . import _shm_futex as futex
 from ._comm_errors import CollectiveAborted, CollectiveMismatch, CollectiveTimeout, PeerDied
 from ._comm_util import process_alive, process_start_time
 
@@ -54,6 +55,7 @@ REASON_AT, REASON_BYTES = 1024, 1024
 W_MAGIC, W_PID, W_START, W_SLOT, W_WORLD, W_DONE, W_STATE, W_FAILED_AT = 0, 1, 2, 3, 4, 5, 6, 7
 W_SEQ = 8
 W_SLEEP = 9  # 1 + the rank whose W_SEQ this rank sleeps on (futex), 0 when awake
+W_WOKE = 10  # CLOCK_MONOTONIC ns at which this rank last woke a peer sleeping on its W_SEQ
 W_SIG = 16  # W_SIG + parity
 STATE_OK, STATE_CLOSED, STATE_FAILED = 0, 1, 2
 PREFIX = "phx_"
@@ -76,6 +78,8 @@ class Segment:
                       for p in (0, 1)]
         # where W_SEQ lives in this process's mapping: the word peers sleep on
         self.seq_address = self.slots[0].ctypes.data - HEADER_BYTES + W_SEQ * 8
+        # wakes the processes sleeping on W_SEQ (None without futexes)
+        self.wake = futex.waker(self.seq_address) if futex.AVAILABLE else None
         self.linked = False
 
     @classmethod
