@@ -10,11 +10,15 @@ Issue 8, section 2.  Contenders (float32 sum, in place, 2 processes on this host
 
 All run inside the same two ``mpiexec`` processes, interleaved per repetition so that noise from
 other work on the machine hits every contender alike.  For each size the latency is the median
-(and min, max) over ``--reps`` repetitions of N back-to-back calls, N chosen so a repetition lasts
-about ``--rep-ms``; bus bandwidth is ``busbw = size / latency * 2(n-1)/n``.
+(and min, max) over ``--reps`` repetitions (3x that up to 64 KB) of N back-to-back calls, N
+chosen so a repetition lasts about ``--rep-ms``; bus bandwidth is
+``busbw = size / latency * 2(n-1)/n``.
 
 Targets for phalanx's CPU path (issue 8): never slower than gloo; within 2x of MPICH up to 1 MB;
-at least MPICH's busbw from 8 MB.
+at least MPICH's busbw from 8 MB.  Issue 59: small messages (up to 8 KB) at MPICH or better, and
+a rank that waits in a collective while its peer is between steps uses no core: the CPU time of
+rank 1 waiting 1 s in a barrier for rank 0 (phalanx's and MPICH's) is reported as a share of a
+core, target at most 0.05.
 
 Usage::
 
@@ -37,6 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SIZES = [1 << 10, 8 << 10, 64 << 10, 1 << 20, 8 << 20, 64 << 20, 128 << 20]
 QUICK_SIZES = [1 << 10, 64 << 10, 1 << 20, 8 << 20, 64 << 20]
 CONTENDERS = ["shm-torch", "shm-numpy", "phx-gloo", "gloo", "mpich"]
+SMALL = 8 << 10  # up to here the target against MPICH is 1x (issue 59), above it 2x
 
 
 # -- worker side (runs under mpiexec) -------------------------------------------------------------
@@ -120,16 +125,36 @@ def summarise(samples, iters, nbytes, n):
             "reps": len(samples), "busbw_GBps": nbytes / median * 2 * (n - 1) / n / 1e9}
 
 
+def idle_wait_cpu(world, shm, wait_s=1.0):
+    """Share of a core rank 1 uses while it waits ``wait_s`` in a barrier for rank 0 (a peer
+    still between steps): phalanx's shared-memory barrier and MPICH's."""
+    shares = {}
+    for name, barrier in (("shm", shm.barrier), ("mpich", world.Barrier)):
+        world.Barrier()
+        if world.Get_rank() == 0:
+            time.sleep(wait_s)
+        cpu, wall = time.process_time(), time.perf_counter()
+        barrier()
+        got = world.gather((time.process_time() - cpu) / (time.perf_counter() - wall))
+        if world.Get_rank() == 0:
+            shares[name] = got[1]
+    return shares
+
+
 def worker(out_path, sizes, reps, rep_s):
     world, shm, phx_gloo = connect()
     results = {}
     for nbytes in sizes:
-        results[str(nbytes)] = measure_size(world, shm, phx_gloo, nbytes, reps, rep_s)
+        # small sizes take 3x the repetitions: they cost little and are the noisiest (a few
+        # microseconds a call, where one preemption on a shared machine moves a repetition)
+        n = reps * 3 if nbytes <= 64 << 10 else reps
+        results[str(nbytes)] = measure_size(world, shm, phx_gloo, nbytes, n, rep_s)
         if world.Get_rank() == 0:
             print(f"  measured {human(nbytes)}", file=sys.stderr, flush=True)
+    idle = idle_wait_cpu(world, shm)
     if world.Get_rank() == 0:
         from mpi4py import MPI
-        Path(out_path).write_text(json.dumps({"results": results,
+        Path(out_path).write_text(json.dumps({"results": results, "idle_wait_cpu": idle,
                                               "mpi_library": MPI.Get_library_version().strip()}))
     shm.close()
     phx_gloo.close()
@@ -167,8 +192,9 @@ def ratios(res):
                "phx_gloo_vs_gloo": r["phx-gloo"]["median_s"] / r["gloo"]["median_s"]}
         row["ok_vs_gloo"] = row["shm_vs_gloo"] <= 1.0
         if nbytes <= 1 << 20:
-            row.update(shm_vs_mpich=shm / r["mpich"]["median_s"], target_vs_mpich="<= 2")
-            row["ok_vs_mpich"] = row["shm_vs_mpich"] <= 2.0
+            limit = 1.0 if nbytes <= SMALL else 2.0
+            row.update(shm_vs_mpich=shm / r["mpich"]["median_s"], target_vs_mpich=f"<= {limit:g}")
+            row["ok_vs_mpich"] = row["shm_vs_mpich"] <= limit
         if nbytes >= 8 << 20:
             bw = min(r["shm-torch"]["busbw_GBps"], r["shm-numpy"]["busbw_GBps"])
             row.update(busbw_vs_mpich=bw / r["mpich"]["busbw_GBps"], target_busbw=">= 1")
@@ -179,7 +205,7 @@ def ratios(res):
 
 def table(res, rat):
     head = ("| size | shm-torch | shm-numpy | phx-gloo | gloo | mpich "
-            "| busbw shm / gloo / mpich GB/s | shm÷gloo (≤1) | shm÷mpich (≤2 to 1 MB) "
+            "| busbw shm / gloo / mpich GB/s | shm÷gloo (≤1) | shm÷mpich (≤1 to 8 KB, ≤2 to 1 MB) "
             "| busbw shm÷mpich (≥1 from 8 MB) |")
     lines = [head, "|" + "---|" * 10]
     for size, r in res.items():
@@ -208,9 +234,12 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="fewer sizes, shorter repetitions")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--rep-ms", type=float, default=None)
+    parser.add_argument("--sizes", help="comma-separated sizes in bytes (default: all)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     sizes = QUICK_SIZES if args.quick else SIZES
+    if args.sizes:
+        sizes = [int(x) for x in args.sizes.split(",")]
     rep_s = (args.rep_ms or (15 if args.quick else 40)) / 1e3
     if args.worker:
         return worker(args.worker, sizes, max(5, args.reps), rep_s)
@@ -226,7 +255,8 @@ def launch(args, sizes):
         out = Path(tmp) / "raw.json"
         cmd = [str(mpiexec), "-n", "2", sys.executable, __file__, "--worker", str(out),
                "--reps", str(args.reps)] + (["--quick"] if args.quick else []) + (
-               ["--rep-ms", str(args.rep_ms)] if args.rep_ms else [])
+               ["--rep-ms", str(args.rep_ms)] if args.rep_ms else []) + (
+               ["--sizes", args.sizes] if args.sizes else [])
         subprocess.run(cmd, env=env, check=True, timeout=600)
         raw = json.loads(out.read_text())
     res = raw["results"]
@@ -237,10 +267,14 @@ def launch(args, sizes):
           f"{info['mpi_library']}; load {info['loadavg_start']:.1f}->{info['loadavg_end']:.1f}; "
           f"{info['wall_s']:.0f} s")
     print(table(res, rat))
+    idle = raw["idle_wait_cpu"]
+    print(f"rank 1 waiting 1 s in a barrier: {idle['shm']:.3f} of a core (phalanx shm), "
+          f"{idle['mpich']:.3f} (MPICH)")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps({"benchmark": "allreduce", "machine": info,
-                                               "results": res, "ratios": rat}, indent=1))
+                                               "results": res, "ratios": rat,
+                                               "idle_wait_cpu": idle}, indent=1))
     return 0
 
 
