@@ -110,3 +110,28 @@ def test_the_cluster_log_keeps_each_process_output_and_the_newest_logs(tmp_path)
     prune(str(tmp_path), keep=3)
     assert sorted(p.name for p in (tmp_path / "log").iterdir()) == [
         "phalanx-22.log", "phalanx-23.log", "phalanx-24.log"]
+
+
+def test_the_tail_ends_with_what_the_running_processes_said_so_far(tmp_path):
+    """The panel's Log: the kept output of stopped processes, then each running one's file as
+    it is now (read, not taken: it is still kept whole when that process stops)."""
+    from types import SimpleNamespace
+
+    from phalanx.cluster._engine_log import EngineLog, tail
+
+    log = EngineLog(str(tmp_path), "abc")
+    log.keep("engine set old", SimpleNamespace(get_output=lambda: "old engine said bye\n"))
+    controller, engine = tmp_path / "controller.out", tmp_path / "engine-0.out"
+    controller.write_text("controller up\n")
+    engine.write_text("engine 0 registered\nengine 0 warns\n")
+    cluster = SimpleNamespace(
+        controller=SimpleNamespace(output_file=str(controller)),
+        engines={"s0": SimpleNamespace(launchers={"0": SimpleNamespace(output_file=str(engine))}),
+                 "gone": SimpleNamespace(output_file=str(tmp_path / "missing.out"))})
+    lines = tail(log.path, cluster)
+    assert lines[1:] == ["old engine said bye", "--- controller (running)", "controller up",
+                         "--- engine set s0 (0) (running)", "engine 0 registered",
+                         "engine 0 warns"]
+    assert lines[0].startswith("--- ") and "engine set old stopped" in lines[0]
+    assert tail(log.path, cluster, lines=2) == ["engine 0 registered", "engine 0 warns"]
+    assert tail(None, None) == []

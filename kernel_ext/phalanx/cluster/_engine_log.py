@@ -30,6 +30,7 @@ from typing import Any
 
 KEEP = 20          # cluster logs of a profile kept (newest first)
 LINES = 2000       # the last lines of each process's output kept (a controller logs each request)
+TAIL_LINES = 200   # what the panel's log shows
 
 
 class EngineLog:
@@ -69,3 +70,62 @@ def _modified(path: str) -> float:
         return os.path.getmtime(path)
     except OSError:
         return 0.0
+
+
+def tail(log_path: str | None, cluster: Any = None, lines: int = TAIL_LINES) -> list[str]:
+    """The last ``lines`` lines of a cluster's log: what its stopped processes said (the log
+    file), then what its running ones have said so far (ipyparallel's output file of each),
+    each under a line naming it.  Read, never moved: a running process's output is kept in
+    the log when it stops, as before.
+
+    Example::
+
+        >>> import tempfile
+        >>> log = EngineLog(tempfile.mkdtemp(), "abc")
+        >>> class Stopped:
+        ...     def get_output(self): return "engine 0 said this\\n"
+        >>> log.keep("engine slot-0", Stopped())
+        >>> tail(log.path, lines=1)
+        ['engine 0 said this']
+    """
+    text: list[str] = []
+    if log_path:
+        text += _read_lines(log_path)
+    for what, path in _running_outputs(cluster):
+        said = _read_lines(path)
+        if said:
+            text += [f"--- {what} (running)"] + said
+    return text[-lines:] if lines > 0 else []
+
+
+def _running_outputs(cluster: Any) -> list[tuple[str, str]]:
+    """(name, output file) of each process of ``cluster`` still running on this host.  Their
+    ``get_output()`` is not called: it caches what it reads, and the log would then keep only
+    what a process had said by now."""
+    if cluster is None:
+        return []
+    found: list[tuple[str, str]] = []
+    controller = getattr(cluster, "controller", None)
+    if _output_file(controller):
+        found.append(("controller", _output_file(controller)))
+    for set_id, engine_set in list((getattr(cluster, "engines", None) or {}).items()):
+        launchers = getattr(engine_set, "launchers", None) or {}
+        if launchers:  # a set of engines, each with its own file
+            found += [(f"engine set {set_id} ({name})", _output_file(launcher))
+                      for name, launcher in list(launchers.items()) if _output_file(launcher)]
+        elif _output_file(engine_set):
+            found.append((f"engine set {set_id}", _output_file(engine_set)))
+    return found
+
+
+def _output_file(launcher: Any) -> str:
+    """Where an ipyparallel launcher on this host writes its process's output ('' if none)."""
+    return str(getattr(launcher, "output_file", "") or "")
+
+
+def _read_lines(path: str) -> list[str]:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read().splitlines()
+    except OSError:  # not written yet, or gone with a stopped process
+        return []

@@ -34,6 +34,7 @@ from typing import Any, Callable
 
 from ._adoption import Adoption
 from ._controller import ControllerStarter
+from ._engine_log import TAIL_LINES, tail
 from ._engines import EngineStarter
 from ._errors import ClusterError
 from ._exit_watch import ExitWatch
@@ -123,6 +124,11 @@ class ClusterManager:
         """The last started cluster's log: what its engines and controller said that is not
         the user's (their logging, tracebacks outside a cell), appended as each process stops."""
         return self.state.engine_log.path if self.state.engine_log is not None else None
+
+    def log_tail(self, lines: int = TAIL_LINES) -> list[str]:
+        """The last ``lines`` lines of the cluster's log, what its running processes said so
+        far included (the panel's Log)."""
+        return tail(self.log_file, self.state.cluster if self.running else None, lines)
 
     @property
     def generation(self) -> int:
