@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # loaded on first use (see __getattr__); named here for type 
     from .runtime import steps as steps
     from .runtime import wrap as wrap
 
-    from distributed import Client as DaskClient
+    import distributed
     from IPython.core.interactiveshell import InteractiveShell
 
     from ._session import Session
@@ -85,7 +85,7 @@ def last_run() -> RunRecord:
     return get_session().last_run()
 
 
-def dask_client() -> DaskClient:
+def dask_client() -> distributed.Client:
     """The cluster's dask ``distributed.Client`` (workers inside the engines), dask's default
     client while the cluster runs: ``xgboost.dask``, ``dask.array`` ... use it as they are.
     It follows ``%cluster scale`` and ``restart`` and ends with the cluster.

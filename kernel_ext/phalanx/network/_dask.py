@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Protocol, TypeAlias, TypeGuard, TypeVar
 
 if TYPE_CHECKING:
     import ipyparallel
+    import distributed
     from distributed import Client as DaskClient, Future
     from distributed import Worker
 
@@ -51,7 +52,7 @@ class HasClient(Protocol):
     """The session's cluster manager: it has the ipyparallel (or dask) client."""
 
     @property
-    def client(self) -> ipyparallel.Client | DaskClient: ...
+    def client(self) -> ipyparallel.Client | distributed.Client: ...
 
 
 class _EngineKernel(Protocol):
@@ -61,11 +62,11 @@ class _EngineKernel(Protocol):
 
 
 # What a fit's ``cluster=`` takes.
-ClusterArg: TypeAlias = "DaskClient | ipyparallel.Client | HasClient"
+ClusterArg: TypeAlias = "distributed.Client | ipyparallel.Client | HasClient"
 
 
 def dask_client(cluster: ClusterArg, timeout: float = 60.0, tls: bool | None = None,
-                dashboard_address: str | None = None) -> DaskClient:
+                dashboard_address: str | None = None) -> distributed.Client:
     """The dask ``distributed.Client`` for ``cluster``, starting dask on the engines once.
 
     ``cluster`` is a dask ``Client`` (used as is), an ipyparallel ``Client``, or an object
