@@ -66,6 +66,7 @@ class FakeSession:
         self.stop_reasons: list[str] = []
         self.running = True
         self.last_record = None  # the session's record of its last run (set before run_ended)
+        self.log_lines: list[str] = []  # the cluster log's lines (Session.engine_log)
 
     def scale(self, n, queue=False):
         if n == 3 and self.max_engines == 99:
@@ -79,6 +80,9 @@ class FakeSession:
     def stop_run(self, reason):
         self.stop_reasons.append(reason)
         return self.running
+
+    def engine_log(self, lines=200):
+        return "/profile/log/phalanx-abc.log", self.log_lines[-lines:]
 
     def run_history_rows(self):
         return self.rows

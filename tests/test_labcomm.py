@@ -145,6 +145,19 @@ def test_scale_and_stop_requests_reach_the_session(rig):
     assert len(comm.sent[-1]["engines"]) == 3
 
 
+def test_the_panel_that_asks_gets_the_cluster_logs_last_lines(rig):
+    session, manager, *_ = rig
+    session.log_lines = [f"engine said {i}" for i in range(300)]
+    asking, other = manager.open(), manager.open()
+    asking.request({"v": 1, "type": "request_log"})
+    answer = validate_event(asking.sent[-1])
+    assert answer["type"] == "engine_log" and answer["path"] == "/profile/log/phalanx-abc.log"
+    assert answer["lines"] == session.log_lines[-200:]
+    asking.request({"v": 1, "type": "request_log", "lines": 5})
+    assert asking.sent[-1]["lines"] == session.log_lines[-5:]
+    assert "engine_log" not in other.types()
+
+
 def test_scale_above_the_limit_is_refused_with_an_error_event(rig, caplog):
     session, manager, *_ = rig
     session.events.emit(events.cluster_state([_engine(0), _engine(1)], 4))

@@ -211,6 +211,18 @@ export interface IRunRecordEvent extends IEventBase {
   times: IRankTime[];
 }
 
+/**
+ * The kernel's answer to `request_log`: the cluster log's file and last lines,
+ * what the engines and the controller said that is not the user's (their
+ * running processes' output so far included).
+ */
+export interface IEngineLogEvent extends IEventBase {
+  type: 'engine_log';
+  /** The log file (null before any cluster started in the kernel). */
+  path?: string | null;
+  lines: string[];
+}
+
 export type PhalanxEvent =
   | IClusterEvent
   | IRunStartedEvent
@@ -223,7 +235,8 @@ export type PhalanxEvent =
   | ITimeEvent
   | IHistoryWindowEvent
   | IRunsEvent
-  | IRunRecordEvent;
+  | IRunRecordEvent
+  | IEngineLogEvent;
 
 export type PhalanxRequest =
   | { v: number; type: 'request_snapshot' }
@@ -239,7 +252,10 @@ export type PhalanxRequest =
       max_points?: number;
     }
   | { v: number; type: 'profile_next'; steps?: number }
-  | { v: number; type: 'request_run'; run: string };
+  | { v: number; type: 'request_run'; run: string }
+  | { v: number; type: 'request_log'; lines?: number };
 
 /** The most points per line a zoomed chart may ask for (as in events.py). */
 export const MAX_WINDOW_POINTS = 100_000;
+/** The most lines of the cluster log the panel may ask for (as in events.py). */
+export const MAX_LOG_LINES = 2000;

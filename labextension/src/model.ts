@@ -10,6 +10,7 @@ import { IRunState, IRunSummary, RunArchive, rankState } from './archive';
 import { MetricHistory } from './history';
 import {
   IClusterEvent,
+  IEngineLogEvent,
   INetworkEvent,
   MAX_WINDOW_POINTS,
   PhalanxEvent,
@@ -67,6 +68,11 @@ export class PhalanxModel {
   /** The run the person picked (null: the newest is followed). */
   get picked(): string | null {
     return this._runs.picked;
+  }
+
+  /** The kernel's last answer to a log request (null: none asked since the last snapshot). */
+  get engineLog(): IEngineLogEvent | null {
+    return this._engineLog;
   }
 
   /** Learning networks by name, in the order they first appeared. */
@@ -205,6 +211,10 @@ export class PhalanxModel {
         this._runs.end(event);
         this._changed.emit('run');
         return;
+      case 'engine_log':
+        this._engineLog = event;
+        this._changed.emit('cluster');
+        return;
     }
   }
 
@@ -217,6 +227,9 @@ export class PhalanxModel {
   /** `keepPick`: a snapshot of the same kernel keeps the picked run (see `RunArchive.reset`). */
   private _resetState(keepPick: boolean): void {
     this._cluster = null;
+    if (!keepPick) {
+      this._engineLog = null; // another kernel's (a snapshot of the same kernel keeps it)
+    }
     this._runs.reset(keepPick);
     this._networks = new Map();
   }
@@ -230,6 +243,7 @@ export class PhalanxModel {
   private _changed = new Signal<this, ChangeKind>(this);
   private _connection: ConnectionState = 'no-kernel';
   private _cluster: IClusterEvent | null = null;
+  private _engineLog: IEngineLogEvent | null = null;
   private _runs = new RunArchive();
   private _networks = new Map<string, INetworkEvent>();
   private _rejected = 0;

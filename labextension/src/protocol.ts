@@ -9,6 +9,7 @@
 
 import {
   ENGINE_STATES,
+  MAX_LOG_LINES,
   MAX_WINDOW_POINTS,
   NODE_STATES,
   PhalanxEvent,
@@ -130,7 +131,9 @@ export const EVENT_FIELDS: Record<PhalanxEvent['type'], Shape> = {
     strategy: 'string?',
     ranks: field('list', { items: RANK_PROGRESS }),
     times: field('list', { items: RANK_TIME })
-  }
+  },
+  // the answer to request_log: the cluster log's file and last lines
+  engine_log: { path: 'string?', lines: field('list', { items: 'string' }) }
 };
 
 export const REQUEST_FIELDS: Record<PhalanxRequest['type'], Shape> = {
@@ -145,7 +148,9 @@ export const REQUEST_FIELDS: Record<PhalanxRequest['type'], Shape> = {
   // the next run records `steps` (5) steps: --profile
   profile_next: { steps: field('int', { optional: true, least: 1 }) },
   // an earlier run's record (run_record, then its curves as metrics)
-  request_run: { run: 'string' }
+  request_run: { run: 'string' },
+  // the last `lines` (200) lines of the cluster's log: what its engines said that is not the user's
+  request_log: { lines: field('int', { optional: true, least: 1, most: MAX_LOG_LINES }) }
 };
 
 function validate<T>(msg: unknown, shapes: Record<string, Shape>, kind: string): T {
@@ -220,6 +225,15 @@ export namespace Requests {
   /** Ask for an earlier run's record and curves (the run list's pick). */
   export function run(id: string): PhalanxRequest {
     return validateRequest({ v: SCHEMA_VERSION, type: 'request_run', run: id });
+  }
+
+  /** Ask for the cluster log's last `lines` lines (the kernel's default, 200, if omitted). */
+  export function log(lines?: number): PhalanxRequest {
+    return validateRequest({
+      v: SCHEMA_VERSION,
+      type: 'request_log',
+      ...(lines === undefined ? {} : { lines })
+    });
   }
 
   /** Record the next run's first `steps` optimizer steps on every rank (--profile). */

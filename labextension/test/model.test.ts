@@ -129,6 +129,19 @@ describe('PhalanxModel', () => {
     expect(model.receive(cluster(1))).toBe(true);
   });
 
+  it('keeps the cluster log the kernel answered with until the kernel goes', () => {
+    const { model, changes } = modelWithLog();
+    expect(model.engineLog).toBeNull();
+    const lines = ['--- engine set 0 stopped (exit code 0)', 'Event loop stopped'];
+    expect(model.receive({ v: 1, type: 'engine_log', path: '/p/phalanx-a.log', lines })).toBe(true);
+    expect(model.engineLog?.lines).toEqual(lines);
+    expect(changes).toEqual(['cluster']);
+    model.apply(snapshot([cluster(2)])); // the same kernel, attached again
+    expect(model.engineLog?.path).toBe('/p/phalanx-a.log');
+    model.clear(); // restarted
+    expect(model.engineLog).toBeNull();
+  });
+
   it('clears on restart and reports connection changes once', () => {
     const { model, changes } = modelWithLog();
     model.apply(cluster(2));

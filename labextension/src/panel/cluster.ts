@@ -3,6 +3,9 @@
  * controls are built once and only updated, so typing in the count box is
  * never interrupted by a live update. After +, − or Stop the section says
  * what it waits for until the kernel answers (starting engines takes a while).
+ * Log shows the cluster log's last lines: what the engines and the controller
+ * said that is not the user's (kept out of the cells and the terminal), asked
+ * of the kernel each time it is opened.
  */
 import {
   EngineColumn,
@@ -13,12 +16,14 @@ import {
 } from '../engines';
 import * as fmt from '../format';
 import { PhalanxModel } from '../model';
-import { IClusterEvent, IEngine } from '../protocol';
+import { IClusterEvent, IEngine, IEngineLogEvent } from '../protocol';
 import { h, ISection, replaceChildren, section, showEmpty } from './dom';
 
 export interface IClusterActions {
   scale(n: number): void;
   stop(): void;
+  /** Ask the kernel for the cluster log's last lines (answered as an `engine_log` event). */
+  log(): void;
 }
 
 export class ClusterView {
@@ -46,6 +51,18 @@ export class ClusterView {
       { class: 'jp-Phalanx-button jp-Phalanx-stop', title: 'Stop the cluster' },
       'Stop'
     );
+    this._logButton = h(
+      'button',
+      {
+        class: 'jp-Phalanx-button jp-Phalanx-engineLogButton',
+        title: "The engines' own output (not your cells'): the cluster log's last 200 lines",
+        'aria-pressed': 'false'
+      },
+      'Log'
+    );
+    this._log = h('pre', { class: 'jp-Phalanx-engineLog', 'aria-label': 'engine log' });
+    this._log.hidden = true;
+    this._logButton.onclick = () => this.toggleLog();
     this._minus.onclick = () => this.scaleBy(-1);
     this._plus.onclick = () => this.scaleBy(+1);
     this._stop.onclick = () => {
@@ -68,9 +85,18 @@ export class ClusterView {
         { class: 'jp-Phalanx-tableWrap' },
         h('table', { class: 'jp-Phalanx-table' }, h('thead', {}, this._head), this._tbody)
       ),
-      h('div', { class: 'jp-Phalanx-controls' }, this._minus, this._count, this._plus, this._stop),
+      h(
+        'div',
+        { class: 'jp-Phalanx-controls' },
+        this._minus,
+        this._count,
+        this._plus,
+        this._stop,
+        this._logButton
+      ),
       this._notice,
-      this._error
+      this._error,
+      this._log
     );
   }
 
@@ -84,6 +110,7 @@ export class ClusterView {
       this._pending = null;
     }
     this._cluster = cluster;
+    this._showLog(model?.engineLog ?? null);
     this._error.textContent = cluster?.error ?? '';
     this._error.hidden = !cluster?.error;
     this._notice.textContent = cluster?.notice ?? '';
@@ -146,6 +173,34 @@ export class ClusterView {
     return { engines: cluster.engines.length, max: cluster.max_engines, locked };
   }
 
+  /** Open the log (asking the kernel for its last lines), or close it. */
+  toggleLog(): void {
+    const open = this._log.hidden;
+    this._log.hidden = !open;
+    this._logButton.setAttribute('aria-pressed', String(open));
+    if (open) {
+      this._logAsked = true;
+      this._log.textContent = 'reading the cluster log…';
+      this._actions.log();
+    }
+  }
+
+  private _showLog(answer: IEngineLogEvent | null): void {
+    if (!answer || answer === this._logShown || !this._logAsked) {
+      return;
+    }
+    this._logShown = answer;
+    this._logAsked = false;
+    this._log.title = answer.path ?? '';
+    this._log.textContent =
+      answer.lines.length > 0
+        ? answer.lines.join('\n')
+        : answer.path
+          ? 'Nothing in the cluster log yet.'
+          : 'No cluster has started in this kernel.';
+    this._log.scrollTop = this._log.scrollHeight; // the newest lines
+  }
+
   /** One engine more or fewer, as + and − do. */
   scaleBy(delta: number): void {
     if (this._cluster) {
@@ -177,6 +232,10 @@ export class ClusterView {
   private _plus: HTMLButtonElement;
   private _count: HTMLInputElement;
   private _stop: HTMLButtonElement;
+  private _logButton: HTMLButtonElement;
+  private _log: HTMLPreElement;
+  private _logAsked = false;
+  private _logShown: IEngineLogEvent | null = null;
   private _head: HTMLTableRowElement;
   private _tbody: HTMLTableSectionElement;
   private _error: HTMLElement;

@@ -63,7 +63,8 @@ export class PhalanxPanel extends Widget {
     this.addClass('jp-PhalanxPanel');
     this._cluster = new ClusterView({
       scale: n => this._send(Requests.scale(n)),
-      stop: () => this._send(Requests.stop())
+      stop: () => this._send(Requests.stop()),
+      log: () => this._send(Requests.log())
     });
     this._run = new RunView({
       stop: () => this._send(Requests.stopRun()),
