@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import base64
 import io
+import threading
 
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
+from phalanx._cell_line import say, writing
 from phalanx.events import progress as progress_event
 from phalanx.widgets import RunSummary, TextProgress, widgets_available
 from phalanx.widgets._cluster_table import merge_rows, table_html
@@ -96,6 +98,48 @@ def test_text_progress_prints_a_throttled_line_and_a_final_one():
     written = out.getvalue()
     assert written.endswith("\n") and written.count("\n") == 1
     assert "run-1 done" in written.split("\r")[-1] and "30/30 steps" in written.split("\r")[-1]
+
+
+def test_text_written_during_a_run_starts_on_a_line_of_its_own():
+    """A rank's output, or the debugger's answer, after the open progress line does not join it
+    (it read ``... steps/s5``), even while the publisher thread redraws as fast as it can."""
+    out = io.StringIO()
+    text = TextProgress("r-1", "run-1", stream=out, interval_s=0.0)
+    text.handle(progress_event("r-1", [rank_progress(0, 1, 30, 10.0)]))
+    say("5", file=out)
+    assert out.getvalue().endswith("ETA 3 s\n5\n"), out.getvalue()
+
+    stop = threading.Event()
+
+    def redraw() -> None:
+        tick = 0
+        while not stop.is_set():
+            tick += 1
+            text.handle(progress_event("r-1", [rank_progress(0, tick, 10**6, 10.0)]))
+
+    drawer = threading.Thread(target=redraw)
+    drawer.start()
+    try:
+        for i in range(300):
+            with writing():
+                out.write(f"[rank 0] line {i}\n")
+    finally:
+        stop.set()
+        drawer.join()
+    lines = out.getvalue().split("\n")
+    said = [line for line in lines if "[rank 0]" in line]
+    assert len(said) == 300 and all(line.startswith("[rank 0]") for line in said), \
+        [line for line in said if not line.startswith("[rank 0]")][:3]
+
+
+def test_no_progress_is_drawn_while_a_rank_is_in_its_debugger():
+    out = io.StringIO()
+    text = TextProgress("r-1", "run-1", stream=out, interval_s=0.0)
+    paused = {**rank_progress(0, 3, 30, 10.0), "paused": {"line": 8, "source": "breakpoint()"}}
+    text.handle(progress_event("r-1", [paused]))
+    assert out.getvalue() == ""  # the debugger's lines and prompt own the cell
+    text.handle(progress_event("r-1", [rank_progress(0, 4, 30, 10.0)]))
+    assert "4/30 steps" in out.getvalue()
 
 
 def test_summary_embeds_the_curves_and_keeps_the_manifest():

@@ -18,6 +18,7 @@ import threading
 import time
 from typing import Any, Callable, Mapping, TextIO
 
+from .._cell_line import draw
 from ._format import progress_line
 from ._throttle import Throttle
 
@@ -45,6 +46,10 @@ class TextProgress:
             return
         with self._lock:
             self._ranks = list(event["ranks"])
+            # A rank in its debugger owns the cell's lines (its answers, the prompt) until it
+            # goes on: no redraw between them.  The tracker says so before the debugger speaks.
+            if any(r.get("paused") for r in self._ranks):
+                return
             if self._throttle.ready():
                 self._write(progress_line(self.name, self._ranks, self._clock() - self._started))
 
@@ -63,6 +68,5 @@ class TextProgress:
         stream = self._stream or sys.stdout  # looked up late: the kernel swaps sys.stdout per cell
         padding = " " * max(self._width - len(line), 0)  # cover the tail of a longer previous line
         self._width = len(line)
-        stream.write("\r" + line + padding + end)
-        stream.flush()
+        draw(stream, "\r" + line + padding + end, ended=bool(end))
         self.lines += 1

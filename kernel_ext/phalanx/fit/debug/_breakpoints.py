@@ -22,6 +22,7 @@ import concurrent.futures
 import threading
 from typing import Any, Callable
 
+from ..._cell_line import say
 from ...wire._control_requests import DEBUG_REQUEST, HOLD_REQUEST, PAUSE_KEY
 from ..run._engine_calls import registered
 from ..run._engine_control import ask_engines, send_request
@@ -35,7 +36,7 @@ class PausedRanks:
 
     def __init__(self, cluster: Any, slots: list, ars: list,
                  read: Callable[[str], str] | None = None,
-                 write: Callable[[str], None] = print,
+                 write: Callable[[str], None] = say,
                  on_pause: Callable[[int, dict | None], None] | None = None) -> None:
         self.cluster, self.slots, self.ars = cluster, slots, ars
         self.read, self.write = read, write

@@ -20,6 +20,7 @@ import sys
 import time
 from typing import Any
 
+from ..._cell_line import writing
 from ._rank_output import RankOutputs
 
 # Terminal control sequences (colours, cursor show/hide): a frame made only of them draws nothing.
@@ -49,7 +50,9 @@ class OutputStreamer:
                     if rank and self.others is not None:
                         self.others.add(rank, as_shown(chunk))
                     else:
-                        sink.write("".join(f"[rank {rank}] {line}\n" for line in as_shown(chunk)))
+                        with writing():  # after an open progress line: on a line of its own
+                            sink.write("".join(f"[rank {rank}] {line}\n"
+                                               for line in as_shown(chunk)))
         if self.others is not None:
             self.others.show(final)
 

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
+from ..._cell_line import say
 from ...cluster._locality import is_local
 from ...wire._seam import Outcome, RankResult, ResumePlan
 from ...runtime import held_commits
@@ -134,7 +135,7 @@ class Recovery:
         job.tracker.rewind(step, len(slots))
         job.changes.append({"kind": "resume", "step": step, "world_size": len(slots), "t": time.time(),
                             "sources": list(plan.sources) if plan else []})
-        print(f"phalanx: resuming {job.name} at step {step}" + (
+        say(f"phalanx: resuming {job.name} at step {step}" + (
             f" ({_describe_sources(plan)})" if plan else ": no commit to resume from"))
         return plan
 
@@ -146,7 +147,7 @@ class Recovery:
         ranks = sorted({error.rank} | {r for r, res in results.items()
                                        if res.outcome is Outcome.DIED or res.stopped})
         where = "resuming from the last commit" if job.lineage else "running again from step 0"
-        print(f"phalanx: rank(s) {', '.join(map(str, ranks))} failed "
+        say(f"phalanx: rank(s) {', '.join(map(str, ranks))} failed "
               f"({failing.error}); restarting and {where} "
               f"(restart {attempt} of {job.opts.max_restarts})")
         for rank in ranks:
@@ -177,7 +178,7 @@ class Recovery:
         versions = self._engine_versions(slots)
         job.changes.append({"kind": "resize", "from": len(results), "to": len(slots), "step": step,
                             "t": time.time()})
-        print(f"phalanx: {job.name} continues on {len(slots)} rank(s) from step {step}")
+        say(f"phalanx: {job.name} continues on {len(slots)} rank(s) from step {step}")
         job.lineage = replace(job.lineage, world_size=len(slots)) if job.lineage else None
         return slots, prepared, versions
 

@@ -135,7 +135,8 @@ class RunTracker:
 
     def set_paused(self, rank: int, pause: dict | None) -> None:
         """``rank`` stopped at a breakpoint (``pause``: its line and source) or went on (None);
-        the views hear it with the next progress event, sent at the next publish."""
+        the views hear it at once, before the debugger writes to the cell (a text progress
+        line stops redrawing between the debugger's lines)."""
         with self._lock:
             if pause is None:
                 self.paused.pop(rank, None)
@@ -143,6 +144,7 @@ class RunTracker:
                 self.paused[rank] = {"line": pause.get("line"), "source": pause.get("source")}
         with self._publish_lock:
             self._progress_sent = (-1, float("-inf"))
+        self.publish()
 
     def progress_rows(self) -> list[dict]:
         with self._lock:
