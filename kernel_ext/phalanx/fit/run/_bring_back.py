@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Mapping
 
+from ..._cell_line import say
 from ...wire._seam import RankResult
 
 
@@ -29,7 +30,7 @@ def bring_back(user_ns: dict, status: str, results: Mapping[int, RankResult],
     if status == "done" and rank0.trained_not_returned:
         from ...runtime import notice
 
-        print(notice(rank0.trained_not_returned), file=sys.stderr)
+        say(notice(rank0.trained_not_returned), file=sys.stderr)  # the progress line may be open
 
 
 def _bind_returns(user_ns: dict, values: dict) -> None:
@@ -45,6 +46,6 @@ def _bind_returns(user_ns: dict, values: dict) -> None:
             user_ns[name].load_state_dict(value.state)
         else:
             user_ns[name] = value.state
-            print(f"phalanx: --return {name}: the sharded model was built in the cell, so the "
-                  f"notebook gets its full state dict (load it with model.load_state_dict({name}))",
-                  file=sys.stderr)
+            say(f"phalanx: --return {name}: the sharded model was built in the cell, so the "
+                f"notebook gets its full state dict (load it with model.load_state_dict({name}))",
+                file=sys.stderr)
