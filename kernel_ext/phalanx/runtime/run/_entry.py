@@ -18,7 +18,7 @@ import sys
 import time
 import traceback
 from dataclasses import replace
-from typing import Any, Iterator
+from typing import Any
 
 from ..sync._agreement import check_run_agreement
 from ..sync._zero_change import finish_uneven
@@ -33,6 +33,7 @@ from ._run_children import end_children_since
 from ...wire._seam import CELL_FILENAME, Outcome, RankResult, RunSpec
 from ..debug._stacks import install_stacks_handler
 from ._engine_state import RunContext, engine_state
+from ._run_namespace import as_main, build_namespace
 from ._faults import fault_of
 from ._threads import share_cores
 from ..adapters.torchrun import torchrun_world
@@ -89,12 +90,12 @@ def _run_cell(spec: RunSpec, shard_blobs: dict[str, bytes] | None, gate: Interru
     shipped: dict[str, Any] = {}  # the notebook's names as sent, before the cell rebinds them
     # The run's module is the process's __main__ from here until its result is packed
     # (--return included: skorch's __getstate__ pickles the module's class by name)
-    as_main = contextlib.ExitStack()
+    main_module = contextlib.ExitStack()
     try:
-        main, sent = _namespace(spec, shard_blobs)
+        main, sent = build_namespace(spec, shard_blobs)
         namespace = main.__dict__
         shipped = {name: namespace[name] for name in spec.names if name in namespace}
-        as_main.enter_context(_as_main(main))
+        main_module.enter_context(as_main(main))
         put_kept(state, spec.kept, namespace)  # live objects of earlier runs (--keep)
         group = _ensure_group(state, spec)
         share_cores(group.spec.hosts, spec.rank)
@@ -151,7 +152,7 @@ def _run_cell(spec: RunSpec, shard_blobs: dict[str, bytes] | None, gate: Interru
             failure = replace(failure, returns=returned_so_far(spec, namespace, sent))
         return replace(failure, wall_s=time.time() - started)
     finally:
-        _shielded(as_main.close)
+        _shielded(main_module.close)
         if profiler is not None:
             _shielded(profiler.stop)
         _shielded(_cleanup, run)
@@ -209,78 +210,6 @@ def _shielded(fn: Any, *args: Any) -> None:
         except Exception as exc:
             log.warning("phalanx: cleanup step %s failed: %r", getattr(fn, "__name__", fn), exc)
             return
-
-
-def _namespace(spec: RunSpec, shard_blobs: dict[str, bytes] | None) -> tuple[Any, dict]:
-    """The run's ``__main__`` module (see :func:`_as_main`): the shipped names rebuilt in its
-    dict as one object graph (:mod:`phalanx.wire._graph_pickle`), then this rank's shards; and, on the rank
-    that returns values, where each shipped object came from (elsewhere nothing: the map holds
-    every shipped object, a model's first host copy too, for the whole run)."""
-    import types
-
-    import cloudpickle
-
-    from ...wire._graph_pickle import load_names, origins
-    from ...wire._main_names import expose_notebook_definitions
-
-    cache = engine_state().cache
-    missing = [name for name in spec.names if name not in cache]
-    if missing:
-        raise RuntimeError(f"shipped object {missing[0]!r} is missing on this engine; re-run the cell")
-    module = types.ModuleType("__main__")
-    namespace = module.__dict__
-    namespace["__builtins__"] = __builtins__
-    memos = load_names(spec.names, {name: cache[name][1] for name in spec.names}, namespace)
-    expose_notebook_definitions(memos, namespace)  # found as __main__.Net by plain pickle
-    _track_scheduled_steps(memos)
-    for name, part in (shard_blobs or {}).items():
-        namespace[name] = cloudpickle.loads(part)
-    return module, (origins(memos) if spec.train.returns and spec.rank == 0 else {})
-
-
-def _track_scheduled_steps(memos: dict) -> None:
-    """An optimizer's ``step`` as its LR scheduler wrapped it (torch counts the optimizer's
-    steps there, and the wrapper does not survive pickling): without it every scheduler built
-    in an earlier cell would warn that ``optimizer.step()`` was overridden."""
-    import functools
-    import weakref
-
-    schedulers = sys.modules.get("torch.optim.lr_scheduler")
-    if schedulers is None:
-        return
-    for memo in memos.values():
-        for obj in memo.values():
-            if not isinstance(obj, schedulers.LRScheduler):
-                continue
-            optimizer = obj.optimizer
-            if hasattr(optimizer.step, "_wrapped_by_lr_sched"):
-                continue
-            func, ref = optimizer.step.__func__, weakref.ref(optimizer)
-
-            def counted(*args: Any, _func: Any = func, _ref: Any = ref, **kwargs: Any) -> Any:
-                opt = _ref()
-                opt._opt_called = True
-                return _func.__get__(opt, type(opt))(*args, **kwargs)
-
-            counted = functools.wraps(func)(counted)
-            counted._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
-            optimizer.step = counted
-
-
-@contextlib.contextmanager
-def _as_main(module: Any) -> Iterator[None]:
-    """While the cell runs, its module is the process's ``__main__``, as the notebook's is in
-    the kernel: ``__name__ == "__main__"`` holds, and a class or function the notebook defined
-    is found as ``__main__.Net`` by plain pickle (``torch.save(model)``, DataLoader workers)."""
-    previous = sys.modules.get("__main__")
-    sys.modules["__main__"] = module
-    try:
-        yield
-    finally:
-        if previous is not None:
-            sys.modules["__main__"] = previous
-        else:
-            sys.modules.pop("__main__", None)
 
 
 def _ensure_group(state: Any, spec: RunSpec) -> Any:
