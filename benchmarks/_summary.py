@@ -22,6 +22,7 @@ SECTIONS = [
     ("guard", "bench_guard.py"),
     ("live", "bench_live.py"),
     ("first_line", "bench_first_line.py"),
+    ("bokehjs", "bench_bokehjs.py"),
     ("live_browser", "bench_live_browser.py"),
     ("step_parts", "bench_step_parts.py"),
     ("frameworks", "bench_frameworks.py"),

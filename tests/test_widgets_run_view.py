@@ -93,10 +93,25 @@ def test_first_metric_relabels_the_panel_built_ahead():
     plot.extend({"loss": {0: ([1], [1.0])}})
     assert plot.tabs.visible and plot.tabs.tabs[0].child is prebuilt and plot.metrics == ["loss"]
     figures = [panel.child for panel in prebuilt.tabs]
-    assert [f.yaxis[0].axis_label for f in figures] == ["loss", "loss"]
+    assert [f.yaxis[0].axis_label.text for f in figures] == ["loss", "loss"]
     assert [type(f.y_scale).__name__ for f in figures] == ["LinearScale", "LogScale"]
     plot.extend({"acc": {1: ([1], [0.5])}})
     assert plot.metrics == ["loss", "acc"] and len(plot.tabs.tabs) == 2
+
+
+def test_the_page_gets_every_bokehjs_bundle_the_live_view_needs_and_no_more():
+    """The loader sends only _bokehjs.COMPONENTS: what bokeh says the view's document needs,
+    a metric whose name looks like TeX included (it stays text: the page has no MathJax)."""
+    from bokeh.embed.bundle import bundle_for_objs_and_resources
+    from bokeh.resources import Resources
+
+    from phalanx.widgets._bokehjs import COMPONENTS
+
+    plot = _plot.LivePlot(world_size=2)
+    plot.extend({"loss": {0: ([1], [1.0])}, r"$$\eta$$ (lr)": {1: ([1], [0.1])}})
+    files = bundle_for_objs_and_resources([plot.root], Resources(mode="cdn")).js_files
+    needed = {str(url).rsplit("/", 1)[1].rsplit("-", 1)[0] for url in files}
+    assert needed == set(COMPONENTS), files
 
 
 def test_live_plot_lines_stay_bounded_and_keep_spikes_and_the_last_point(monkeypatch):

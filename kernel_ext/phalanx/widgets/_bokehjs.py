@@ -4,9 +4,11 @@ jupyter_bokeh's widget renders a bokeh document with the ``Bokeh`` object of the
 it the view fails ("Cannot read properties of undefined (reading 'require')").  bokeh's
 ``load_notebook`` publishes the loader; it is done once per kernel, before the first live view.
 
-BokehJS is sent inline (about 8 MB, once) so plots draw where the browser cannot reach bokeh's
-CDN (clusters are often offline); setting ``BOKEH_RESOURCES`` (bokeh's own switch, e.g. ``cdn``)
-picks another source.  The loader's output is emptied when the run ends: the page keeps the
+BokehJS is sent inline (once) so plots draw where the browser cannot reach bokeh's CDN
+(clusters are often offline); setting ``BOKEH_RESOURCES`` (bokeh's own switch, e.g. ``cdn``)
+picks another source.  Only the bundles the live view's models need are sent
+(:data:`COMPONENTS`): bokeh's default adds MathJax, tables and WebGL, 2.4 times the code for the
+browser to receive and evaluate before the first chart draws.  The loader's output is emptied when the run ends: the page keeps the
 loaded code, and a saved notebook does not carry megabytes of JavaScript.
 
 Example::
@@ -22,6 +24,10 @@ import os
 from typing import Any
 
 _FLAG = "_phalanx_bokehjs_loaded"  # on the shell: once per kernel, like the session itself
+# The live view's models are plots, tabs and one Div (a widget); its labels are never TeX
+# (PlainText), so neither MathJax nor tables nor WebGL are loaded.  tests/test_widgets_run_view.py
+# checks this list against what bokeh says the view's document needs.
+COMPONENTS = ["bokeh", "bokeh-widgets"]
 
 
 def load_bokehjs(shell: Any) -> Any:
@@ -34,7 +40,8 @@ def load_bokehjs(shell: Any) -> Any:
     from IPython.display import display
     from IPython.utils.capture import capture_output
 
-    resources = Resources(mode=settings.resources()) if os.environ.get("BOKEH_RESOURCES") else INLINE
+    source = Resources(mode=settings.resources()) if os.environ.get("BOKEH_RESOURCES") else INLINE
+    resources = source.clone(components=list(COMPONENTS))
     with capture_output(stdout=False, stderr=False) as published:  # to republish with an id
         load_notebook(resources=resources, hide_banner=True)
     handle = None

@@ -193,21 +193,22 @@ class MetricPanel:
 
     def rename(self, name: str) -> None:
         """Label a panel built ahead with the metric it now shows (a few small changes)."""
-        from bokeh.models import HoverTool
+        from bokeh.models import HoverTool, PlainText
 
         for fig in self.figures:
-            fig.yaxis.axis_label = name
+            fig.yaxis.axis_label = PlainText(name)  # never TeX: see _bokehjs.COMPONENTS
             for tool in fig.select(type=HoverTool):
                 tool.tooltips = [("step", "@x"), (name, "@y")]
 
 
 def _figure(name: str, scale: Literal["linear", "log"], x_range: Any = None) -> Any:
-    from bokeh.models import HoverTool
+    from bokeh.models import HoverTool, PlainText
     from bokeh.plotting import figure
 
     extra = {} if x_range is None else {"x_range": x_range}
+    # A metric's name is plain text, never TeX: the page loads no MathJax (_bokehjs.COMPONENTS)
     fig = figure(height=_HEIGHT, sizing_mode="stretch_width", y_axis_type=scale,
-                 x_axis_label="step", y_axis_label=name, toolbar_location="above",
+                 x_axis_label="step", y_axis_label=PlainText(name), toolbar_location="above",
                  tools="pan,wheel_zoom,box_zoom,reset,save", **extra)
     fig.add_tools(HoverTool(tooltips=[("step", "@x"), (name, "@y")]))
     # Six tools and a logo above every chart were the loudest thing under a short run: they
@@ -243,7 +244,7 @@ class LivePlot:
         self._subscribe(self._first)
         self.tabs = Tabs(tabs=[TabPanel(child=self._first.scales, title="")], visible=False,
                          sizing_mode="stretch_width")
-        self._waiting = Div(text=WAITING_HTML)
+        self._waiting = Div(text=WAITING_HTML, disable_math=True)
         self.root = column(self._waiting, self.tabs, sizing_mode="stretch_width")
         self.root.js_on_change("tags", CustomJS(code=RELEASE_JS))  # see release()
         self.model = BatchedBokehModel(self.root)
