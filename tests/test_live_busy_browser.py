@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -138,10 +139,18 @@ def _burners(count: int = 2) -> list[subprocess.Popen]:
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
 
 
-def _timed_screenshot(page, name: str) -> float:
-    started = time.monotonic()
-    screenshot(page, name)
-    return time.monotonic() - started
+SHOTS = 5  # screenshots per run: one took 0.18-0.35 s here, and one alone is mostly noise
+
+
+def _timed_screenshots(page, name: str) -> list[float]:
+    """How long each of up to SHOTS screenshots took while the run still goes (the kernel
+    indicator busy); the first is always taken."""
+    took: list[float] = []
+    while len(took) < SHOTS and (not took or page.evaluate(STATUS_BAR_BUSY)):
+        started = time.monotonic()
+        screenshot(page, name)
+        took.append(time.monotonic() - started)
+    return took
 
 
 @pytest.mark.skipif(not os.environ.get("PHALANX_TEST_BURNERS"),
@@ -164,13 +173,13 @@ def test_live_view_beside_two_cpu_burners(lab_server, lab_page):
             start_cell(page, B_LIVE)
             samples = _samples(page)
             step(f"{len(samples)} samples of the live run")
-            live_shot_s = _timed_screenshot(page, "phalanx-live-busy.png")
+            live_shots = _timed_screenshots(page, "phalanx-live-busy.png")
             wait_for_kernel_idle(page, timeout_ms=hang_limit(180_000))
             seen = page.evaluate("() => window.__seen")
             start_cell(page, B_TEXT)
             page.wait_for_selector("#phalanx [data-run][data-status='running']",
                                    timeout=hang_limit(60_000))
-            text_shot_s = _timed_screenshot(page, "phalanx-live-busy-text.png")
+            text_shots = _timed_screenshots(page, "phalanx-live-busy-text.png")
             wait_for_kernel_idle(page, timeout_ms=hang_limit(180_000))
             step("the --no-widget run")
             run_cell(page, B_STOP)
@@ -191,8 +200,10 @@ def test_live_view_beside_two_cpu_burners(lab_server, lab_page):
     rate = (samples[-1]["rank0"] - samples[0]["rank0"]) / elapsed if elapsed > 0 else 0.0
     figures = {"first_line_ms": seen["line"], "bars_ms": seen["bars"],
                "lag_steps_max": max(lags), "lag_s_max": max(lags) / rate if rate else None,
-               "steps_per_s": rate, "screenshot_live_s": live_shot_s,
-               "screenshot_no_widget_s": text_shot_s, "samples": samples,
+               "steps_per_s": rate, "screenshot_live_s": statistics.median(live_shots),
+               "screenshot_no_widget_s": statistics.median(text_shots),
+               "screenshots_live_s": live_shots, "screenshots_no_widget_s": text_shots,
+               "samples": samples,
                "load_avg_1m": os.getloadavg()[0]}
     print(f"measured: {json.dumps(figures)}")
     if os.environ.get("PHALANX_BENCH_JSON"):
