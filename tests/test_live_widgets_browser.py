@@ -136,6 +136,9 @@ def _widget_plus_grows_elastic_run(page, widget) -> None:
         # In the full suite a click once came to nothing (the run ended on 2 ranks and the
         # widget said 2 engines): clicked again, as a person would; issue 56 follows the cause
         assert widget.get_by_text("cluster: 2 engine(s)").is_visible(), "scaling failed"
+        # What the widget said of the first click (busy, refused, queued, or nothing): evidence
+        print(f"the first + came to nothing in 20 s; the widget said: {widget.inner_text()!r}")
+        screenshot(page, "phalanx-widgets-live-first-plus.png")
         widget.locator("button", has_text="+").click()
         grown.wait_for(timeout=CLUSTER_TIMEOUT_MS)
     assert _running(page, ELASTIC), "the cluster grew only after the run"
