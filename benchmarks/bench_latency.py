@@ -62,16 +62,17 @@ def shipping_round_trips(repeats: int) -> dict:
     import torch
 
     from _models import make_mlp
-    from phalanx.wire._tensor_pickle import dumps
+    from phalanx.wire._tensor_pickle import dumps, loads
 
     results = {}
     for key, model, inner in (("mlp", make_mlp(), 50), ("linear_100mb", torch.nn.Linear(5000, 5000), 1)):
         samples: dict[str, list[float]] = {"phalanx": [], "cloudpickle": []}
         for _ in range(repeats + 1):  # the first round warms both up and is dropped
-            for name, pickler in (("phalanx", dumps), ("cloudpickle", cloudpickle.dumps)):
+            for name, pickler, unpickle in (("phalanx", dumps, loads),
+                                            ("cloudpickle", cloudpickle.dumps, pickle.loads)):
                 started = time.perf_counter()
                 for _ in range(inner):
-                    pickle.loads(pickler(model))
+                    unpickle(pickler(model))
                 samples[name].append((time.perf_counter() - started) / inner)
         fast, base = stats(samples["phalanx"][1:]), stats(samples["cloudpickle"][1:])
         results[key] = {"phalanx_s": fast, "cloudpickle_s": base,

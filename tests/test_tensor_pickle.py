@@ -1,7 +1,8 @@
 """The fast tensor pickling between kernel and engines keeps what torch's own pickling keeps.
 
 Each case compares against ``cloudpickle`` (torch's path) on the same object: the same values,
-dtype, geometry, ``requires_grad``, type and storage sharing after a round trip.
+dtype, geometry, ``requires_grad``, type and storage sharing after a round trip.  The storages'
+bytes travel out of band, once each; nothing else does (a numpy array comes back writable).
 """
 
 from __future__ import annotations
@@ -14,14 +15,14 @@ import pytest
 import torch
 
 from phalanx.wire import _tensor_pickle
-from phalanx.wire._tensor_pickle import dumps
+from phalanx.wire._tensor_pickle import dumps, loads
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64,
           torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool]
 
 
 def round_trip(value):
-    return pickle.loads(dumps(value))
+    return loads(dumps(value))
 
 
 def same_tensor(a: torch.Tensor, b: torch.Tensor) -> None:
@@ -98,6 +99,31 @@ def test_notebook_code_still_travels_by_value():
     exec("def scale(t):\n    return t * 3\n", namespace)
     scale, tensor = round_trip([namespace["scale"], torch.ones(2)])
     assert scale(tensor).tolist() == [3.0, 3.0]
+
+
+def test_a_storage_travels_once_and_loads_into_its_own_writable_memory():
+    big = torch.arange(1_000_000, dtype=torch.float32)
+    blob = dumps({"w": big, "view": big[10:20]})
+    assert big.nbytes < len(blob) < big.nbytes + 4096  # the bytes once, beside a small pickle
+    loaded = loads(blob)
+    assert torch.equal(loaded["w"], big) and loaded["view"].untyped_storage().data_ptr() == \
+        loaded["w"].untyped_storage().data_ptr()
+    loaded["w"].add_(1)  # its own memory: the blob (kept by an engine for the next run) is unchanged
+    assert torch.equal(loads(blob)["w"], big)
+    loaded["w"].untyped_storage().resize_(8)  # memory torch allocated can be resized
+
+
+def test_numpy_arrays_stay_in_band_and_load_writable():
+    import numpy as np
+
+    arrays = loads(dumps({"X": np.ones((1000, 100)), "t": torch.ones(3)}))
+    arrays["X"] -= 1.0  # a cell scaling its data in place
+    assert arrays["X"].sum() == 0 and arrays["X"].flags.writeable
+
+
+def test_plain_pickle_data_loads_too():
+    assert loads(pickle.dumps([1, "a"])) == [1, "a"]
+    assert torch.equal(loads(cloudpickle.dumps(torch.ones(2))), torch.ones(2))
 
 
 def test_docstring_example():

@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping
 
 import cloudpickle.cloudpickle as _cloudpickle
 
-from ._tensor_pickle import _Pickler
+from ._tensor_pickle import _Pickler, frame, storages_out_of_band, unframe
 
 if TYPE_CHECKING:
     import numpy as np
@@ -88,8 +88,8 @@ class GraphPacker:
 
     def pack(self, name: str, value: object) -> bytes:
         """``value`` pickled as notebook name ``name`` (names must be packed in load order)."""
-        buffer = io.BytesIO()
-        pickler = _GraphPickler(buffer, self, name)
+        buffer, buffers = io.BytesIO(), list[pickle.PickleBuffer]()
+        pickler = _GraphPickler(buffer, self, name, storages_out_of_band(buffers.append))
         pickler.dump(value)
         self.depends[name] = pickler.refers_to
         memo = self.memos[name] = {}
@@ -97,15 +97,16 @@ class GraphPacker:
             memo[index] = obj
             if not isinstance(obj, _NO_IDENTITY):
                 self.owners.setdefault(key, (name, index, obj))
-        return buffer.getvalue()
+        return frame(buffer.getbuffer(), buffers)  # tensors' bytes out of band: _tensor_pickle
 
 
 class _GraphPickler(_Pickler):
-    def __init__(self, file: io.BytesIO, packer: GraphPacker, name: str) -> None:
+    def __init__(self, file: io.BytesIO, packer: GraphPacker, name: str,
+                 buffer_callback: Callable[[pickle.PickleBuffer], object] | None = None) -> None:
         # Read once by the C pickler when it starts: set before that
         self._sources: dict[str, str | None] = {}  # a cell's source, written once per name
         self.dispatch_table = ChainMap({types.CodeType: self._code_reduce}, _Pickler.dispatch_table)
-        super().__init__(file, storages=packer.storages)
+        super().__init__(file, storages=packer.storages, buffer_callback=buffer_callback)
         self._packer, self._name = packer, name
         self.refers_to: set[str] = set()
         # cloudpickle rebuilds a function's globals from ``globals_ref``: the notebook's own
@@ -158,7 +159,8 @@ def _code_with_source(rebuild: Callable[..., types.CodeType], args: tuple[object
 
 class _GraphUnpickler(pickle.Unpickler):
     def __init__(self, blob: bytes, namespace: dict, memos: Mapping[str, dict]) -> None:
-        super().__init__(io.BytesIO(blob))
+        data, buffers = unframe(blob)  # the tensors' bytes: views on the blob, copied once
+        super().__init__(io.BytesIO(data), buffers=buffers)
         self._namespace, self._memos = namespace, memos
 
     def persistent_load(self, pid: tuple) -> object:

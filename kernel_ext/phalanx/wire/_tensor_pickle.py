@@ -5,7 +5,7 @@ torch pickles each tensor storage through a nested ``torch.save`` (and loads it 
 unpickles every shipped model and shard on every engine, so for a small model that overhead is
 most of the engine's set-up. Here a storage is written as its raw bytes (a protocol-5 buffer)
 and a tensor as a view on it. Pickled and unpickled, a small MLP takes about 0.4x
-cloudpickle's time and a 100 MB layer about 0.6x (measured in ``benchmarks/bench_latency.py``).
+cloudpickle's time and a 100 MB layer about 0.5x (measured in ``benchmarks/bench_latency.py``).
 
 What torch's own pickling keeps is kept: dtype, shape, strides, storage offset,
 ``requires_grad``, ``nn.Parameter``, and storage sharing between tensors of the same pickle (a
@@ -14,14 +14,18 @@ than ``Parameter``, tensors with Python attributes, non-leaf tensors, CUDA and o
 sparse, quantized, nested, conjugate or negated views. The bytes are in this machine's byte
 order, like every host of one cluster.
 
-The result is ordinary pickle data: ``pickle.loads`` (or ``cloudpickle.loads``) reads it where
-phalanx is importable, as on every engine.
+The storages' bytes travel out of band (pickle protocol 5): :func:`dumps` frames the pickle and
+the buffers it names into one blob, which :func:`loads` reads back.  Neither side copies a
+storage more than once: the kernel writes it straight into the blob (pickling it in band went
+through a growing ``BytesIO``, 0.6 s a GB), and an engine copies it from the blob it keeps
+straight into a tensor (in band, the unpickler first made a ``bytearray`` of it, 0.5 s a GB).
+An unframed blob (plain pickle data) loads too.
 
 Example::
 
-    >>> import pickle, torch
+    >>> import torch
     >>> base = torch.arange(6.0)
-    >>> a, b = pickle.loads(dumps([base, base[2:4]]))  # a view and its base
+    >>> a, b = loads(dumps([base, base[2:4]]))  # a view and its base
     >>> b[0] = 100.0; a.tolist()
     [0.0, 1.0, 100.0, 3.0, 4.0, 5.0]
 """
@@ -30,22 +34,78 @@ from __future__ import annotations
 
 import io
 import pickle
+import struct
 import sys
-from typing import Any
+import threading
+from typing import Any, Callable
 
 import cloudpickle
+
+# A framed blob starts with this (a pickle starts with its protocol's PROTO opcode, b"\x80"):
+# then the count of buffers and the pickle's length and each buffer's, as little-endian u64
+_FRAMED = b"\x00phalanx-oob\x00"
 
 
 def dumps(value: Any) -> bytes:
     """``cloudpickle.dumps(value)``, with dense CPU tensors written as raw bytes."""
-    buffer = io.BytesIO()
-    _Pickler(buffer).dump(value)
-    return buffer.getvalue()
+    buffer, buffers = io.BytesIO(), list[pickle.PickleBuffer]()
+    _Pickler(buffer, buffer_callback=storages_out_of_band(buffers.append)).dump(value)
+    return frame(buffer.getbuffer(), buffers)
+
+
+_LATEST = threading.local()  # the buffer a storage's reduction made last, in this thread
+
+
+def storages_out_of_band(collect: Callable[[pickle.PickleBuffer], Any]
+                         ) -> Callable[[pickle.PickleBuffer], bool]:
+    """A ``buffer_callback`` that takes the tensor storages' buffers out of band (``collect``)
+    and leaves every other one in band: a numpy array pickled out of band would load as a
+    read-only view on the blob, and the cell may write to it."""
+    def callback(buffer: pickle.PickleBuffer) -> bool:
+        if getattr(_LATEST, "buffer", None) is buffer:
+            _LATEST.buffer = None
+            collect(buffer)
+            return False  # out of band
+        return True
+    return callback
+
+
+def frame(data: Any, buffers: list[pickle.PickleBuffer]) -> bytes:
+    """One blob: the pickle ``data`` and the out-of-band ``buffers`` it names, in order."""
+    if not buffers:
+        return bytes(data)
+    views = [b.raw() for b in buffers]
+    header = struct.pack(f"<{len(views) + 2}Q", len(views), len(data), *(v.nbytes for v in views))
+    return b"".join([_FRAMED, header, data, *views])
+
+
+def unframe(blob: bytes) -> tuple[memoryview, list[memoryview]]:
+    """The pickle and its buffers, as views on ``blob`` (nothing copied)."""
+    view = memoryview(blob)
+    if not view[:len(_FRAMED)] == _FRAMED:
+        return view, []
+    at = len(_FRAMED)
+    (count,) = struct.unpack_from("<Q", view, at)
+    sizes = struct.unpack_from(f"<{count + 1}Q", view, at + 8)
+    at += 8 * (count + 2)
+    parts = []
+    for size in sizes:
+        parts.append(view[at:at + size])
+        at += size
+    return parts[0], parts[1:]
+
+
+def loads(blob: bytes, unpickler: Callable[..., pickle.Unpickler] = pickle.Unpickler) -> Any:
+    """What :func:`dumps` wrote (``unpickler``: the class reading the pickle, given the file
+    and its ``buffers``)."""
+    data, buffers = unframe(blob)
+    return unpickler(io.BytesIO(data), buffers=buffers).load()
 
 
 class _Pickler(cloudpickle.Pickler):
-    def __init__(self, file: io.BytesIO, storages: dict | None = None) -> None:
-        super().__init__(file, protocol=5)
+    def __init__(self, file: io.BytesIO, storages: dict | None = None,
+                 buffer_callback: Callable[[pickle.PickleBuffer], Any] | None = None) -> None:
+        super().__init__(file, protocol=5, buffer_callback=buffer_callback)
         # one _Storage per storage of this pickle, so the pickle memo writes it once and every
         # tensor on it is rebuilt on the same storage (``storages``: shared with the pickles of
         # other names, see ``_graph_pickle``)
@@ -85,17 +145,24 @@ class _Storage:
         import torch
 
         as_bytes = torch.empty(0, dtype=torch.uint8).set_(self.storage)
-        return _rebuild_storage, (pickle.PickleBuffer(as_bytes.numpy()),)
+        buffer = _LATEST.buffer = pickle.PickleBuffer(as_bytes.numpy())  # saved right after this
+        return _rebuild_storage, (buffer,)
 
 
-def _rebuild_storage(data: bytearray) -> Any:
+def _rebuild_storage(data: Any) -> Any:
+    """A storage of its bytes (a view on the blob, or a ``bytearray`` when in band), copied into
+    memory torch allocates: a storage on the blob's memory could not be resized (``resize_``,
+    ``out=``), is less aligned than torch's kernels expect, and the blob is read-only."""
+    import ctypes
+
+    import numpy as np
     import torch
 
-    if len(data) == 0:  # frombuffer refuses an empty buffer
-        return torch.empty(0, dtype=torch.uint8)
-    # Copied into memory torch allocates: a storage on the bytearray itself could not be resized
-    # (``resize_``, ``out=``) and is less aligned than torch's kernels expect.
-    return torch.frombuffer(data, dtype=torch.uint8).clone()
+    source = np.frombuffer(data, dtype=np.uint8)
+    storage = torch.empty(len(source), dtype=torch.uint8)
+    if len(source):  # one memcpy: a numpy view on the storage would make it not resizable
+        ctypes.memmove(storage.data_ptr(), source.ctypes.data, len(source))
+    return storage
 
 
 def _rebuild_tensor(storage_bytes: Any, dtype: Any, size: tuple, stride: tuple, offset: int,

@@ -26,10 +26,9 @@ def build_namespace(spec: RunSpec, shard_blobs: dict[str, bytes] | None) -> tupl
     every shipped object, a model's first host copy too, for the whole run)."""
     import types
 
-    import cloudpickle
-
     from ...wire._graph_pickle import load_names, origins
     from ...wire._main_names import expose_notebook_definitions
+    from ...wire._tensor_pickle import loads as tensor_loads
 
     cache = engine_state().cache
     missing = [name for name in spec.names if name not in cache]
@@ -42,7 +41,7 @@ def build_namespace(spec: RunSpec, shard_blobs: dict[str, bytes] | None) -> tupl
     expose_notebook_definitions(memos, namespace)  # found as __main__.Net by plain pickle
     _track_scheduled_steps(memos)
     for name, part in (shard_blobs or {}).items():
-        namespace[name] = cloudpickle.loads(part)
+        namespace[name] = tensor_loads(part)
     return module, (origins(memos) if spec.train.returns and spec.rank == 0 else {})
 
 
