@@ -346,6 +346,36 @@ def test_changed_objects_travel_with_the_run_and_unused_ones_are_dropped(fit, sh
     assert all(set(h) == {"scale"} and h["scale"] != old["scale"] for h, old in zip(now, held))
 
 
+def test_unchanged_shards_stay_on_the_engines_and_changed_ones_travel(fit, shell):
+    """A re-run with the same --shard data sends none of it again (each engine keeps its own
+    part); changed data travels with the run and the cell sees it."""
+    client = fit.cluster.client
+
+    def kept_part():
+        from phalanx.runtime.run._engine_state import engine_state
+
+        entry = engine_state().cache.get("--shard X")
+        return (entry[0], id(entry[1])) if entry else None
+
+    run_cell(shell, "import numpy as np\nX = np.arange(40.0).reshape(20, 2)\n")
+    body = ("%%distributed_fit --shard X --return seen\nfrom phalanx import allreduce\n"
+            "seen = allreduce(float(X.sum()), op='sum')\n")
+    run_cell(shell, body)
+    first = client[:].apply_sync(kept_part)
+    assert all(first) and first[0][0] != first[1][0]  # each rank holds its own part
+    run_cell(shell, body)
+    assert client[:].apply_sync(kept_part) == first  # the very bytes of the first run: not sent
+    assert shell.user_ns["seen"] == float(np.arange(40.0).sum())
+
+    run_cell(shell, "X = X * 2\n")
+    run_cell(shell, body)
+    changed = client[:].apply_sync(kept_part)
+    assert all(c[0] != f[0] for c, f in zip(changed, first))
+    assert shell.user_ns["seen"] == 2 * float(np.arange(40.0).sum())
+    run_cell(shell, "%%distributed_fit\npass\n")
+    assert client[:].apply_sync(kept_part) == [None, None]  # a run without it drops the parts
+
+
 def test_back_to_back_runs_each_get_all_their_rows_over_one_metrics_thread(fit, shell):
     for run in range(4):  # the engines keep their sender's thread and socket between runs
         run_cell(shell, "%%distributed_fit --no-widget\n"

@@ -76,9 +76,16 @@ class CheckpointSpec:
     scratch: str | None = None
 
 
+def shard_key(name: str) -> str:
+    """Where an engine's cache holds its part of ``--shard name`` (no notebook name looks like
+    it): a re-run whose data did not change sends none of it again."""
+    return f"--shard {name}"
+
+
 @dataclass(frozen=True)
 class RunSpec:
-    """Everything one rank needs to run the cell (its shard of the data travels beside it)."""
+    """Everything one rank needs to run the cell (its part of each ``--shard`` name is in the
+    engine's cache under :func:`shard_key`, like the shipped names)."""
 
     run_id: str
     rank: int

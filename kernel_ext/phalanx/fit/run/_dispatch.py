@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ...wire._graph_pickle import GraphPacker
+from ...wire._seam import shard_key
 from ._fit_options import FitOptions, FitUsageError
 from ..analysis._shipping import check_defined, check_same_rows, content_hash, pack, resolve_names, split_rows
 from ._strategy import notebook_strategy
@@ -26,10 +27,20 @@ class Prepared:
     blobs: dict[str, bytes]
     hashes: dict[str, str]
     shard_blobs: list[dict[str, bytes]]  # per rank: each shard's part, pickled
+    shard_hashes: list[dict[str, str]] = field(default_factory=list)  # per rank: their hashes
     data_manifest: dict[str, dict] = field(default_factory=dict)
     strategy: str | None = None   # the shipped notebook name --sync refers to, if it is one
     memos: dict[str, dict] = field(default_factory=dict)  # what each name's pickle holds
     kept: tuple[str, ...] = ()    # names the engines keep live (--keep): not shipped
+
+    def objects_for(self, rank: int) -> tuple[dict[str, str], dict[str, bytes]]:
+        """(hashes, blobs) of what rank ``rank``'s engine must hold for the run: the shipped
+        names and its own part of each ``--shard`` name (under :func:`shard_key`)."""
+        hashes, blobs = dict(self.hashes), dict(self.blobs)
+        for name, blob in self.shard_blobs[rank].items():
+            hashes[shard_key(name)] = self.shard_hashes[rank][name]
+            blobs[shard_key(name)] = blob
+        return hashes, blobs
 
 
 def describe(value: Any) -> dict:
@@ -69,11 +80,12 @@ def prepare(body: str, opts: FitOptions, user_ns: Mapping[str, Any], world_size:
     part_blobs = {s: [pack(f"{s} (rank {r}'s shard)", part) for r, part in enumerate(rows)]
                   for s, rows in parts.items()}
     shard_blobs = [{s: part_blobs[s][rank] for s in part_blobs} for rank in range(world_size)]
+    shard_hashes = [{s: content_hash(blob) for s, blob in parts.items()} for parts in shard_blobs]
     data = {name: {**describe(user_ns[name]), "hash": hashes[name]} for name in blobs}
     for s, value in shards.items():
-        data[s] = {**describe(value), "hash": content_hash(*part_blobs[s]),
+        data[s] = {**describe(value), "hash": content_hash(*part_blobs[s]),  # whole, for the manifest
                    "sharded": True}
-    return Prepared(blobs, hashes, shard_blobs, data, strategy, packer.memos, kept)
+    return Prepared(blobs, hashes, shard_blobs, shard_hashes, data, strategy, packer.memos, kept)
 
 
 def choose_backend(opts: FitOptions, slots: list, launcher: str) -> str:

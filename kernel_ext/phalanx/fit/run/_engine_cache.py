@@ -10,15 +10,16 @@ Example::
 
     cache = EngineSetCache("phx-1a2b3c4d")
     key = cache.group_key(slots, timeout_s=300.0)   # warm key, or a new one (the group re-forms)
-    stashes = cache.stashes(slots, prepared.hashes, prepared.blobs)  # one per slot, or None
-    cache.shipped(delivered_slots, prepared.hashes)
+    objects = [prepared.objects_for(rank) for rank in range(len(slots))]
+    stashes = cache.stashes(slots, objects)  # one per slot, or None
+    cache.shipped(delivered_slots, [hashes for hashes, _ in delivered_objects])
     cache.group_formed(slots, key)                  # or group_torn_down(slots) after a failure
 """
 
 from __future__ import annotations
 
 import itertools
-from typing import Callable, Hashable, Mapping
+from typing import Callable, Hashable, Mapping, Sequence
 
 
 class EngineSetCache:
@@ -60,23 +61,24 @@ class EngineSetCache:
 
     # --- shipped objects --------------------------------------------------------------------
 
-    def stashes(self, slots: list, hashes: Mapping[str, str],
-                blobs: Mapping[str, bytes]) -> list[tuple[dict[str, tuple[str, bytes]], list[str]] | None]:
+    def stashes(self, slots: list, objects: Sequence[tuple[Mapping[str, str], Mapping[str, bytes]]]
+                ) -> list[tuple[dict[str, tuple[str, bytes]], list[str]] | None]:
         """Per slot, what its engine must store before this run, sent with the run itself:
         (the objects it lacks or holds another version of, every name to keep), or ``None``
-        when it holds exactly these objects."""
-        keep = sorted(hashes)
+        when it holds exactly these objects.  ``objects``: per slot, the (hashes, blobs) its
+        engine must hold (the shipped names and its part of the shards)."""
         stashes: list[tuple[dict[str, tuple[str, bytes]], list[str]] | None] = []
-        for slot in slots:
+        for slot, (hashes, blobs) in zip(slots, objects):
             held = self._shipped.get(slot.slot_id, {})
             missing = {n: (h, blobs[n]) for n, h in hashes.items() if held.get(n) != h}
-            stashes.append((missing, keep) if missing or set(held) - set(hashes) else None)
+            stashes.append((missing, sorted(hashes)) if missing or set(held) - set(hashes)
+                           else None)
         return stashes
 
-    def shipped(self, slots: list, hashes: Mapping[str, str]) -> None:
-        """These engines now hold exactly the objects ``hashes`` names."""
-        for slot in slots:
-            self._shipped[slot.slot_id] = dict(hashes)
+    def shipped(self, slots: list, hashes: Sequence[Mapping[str, str]]) -> None:
+        """These engines now hold exactly the objects ``hashes`` (one mapping per slot) names."""
+        for slot, held in zip(slots, hashes):
+            self._shipped[slot.slot_id] = dict(held)
 
     # --- package versions -------------------------------------------------------------------
 

@@ -247,16 +247,18 @@ class FitRunner:
         specs = self._specs(job, slots, prepared, plan)
         key = specs[0].group.key
         # What an engine lacks of the shipped objects travels with its run: no message of its own
-        stashes = self.engines.stashes(slots, prepared.hashes, prepared.blobs)
+        objects = [prepared.objects_for(rank) for rank in range(len(slots))]
+        stashes = self.engines.stashes(slots, objects)  # the shards too: unchanged, none is sent
         results: dict[int, RankResult] = {}
         try:  # a rank whose engine left before its task was sent fails like one that died in it
             with xgboost_tracker(job.body, job.user_ns, slots, job.opts.collective_timeout) as xgb:
                 specs = [dataclasses.replace(s, adapter_data=(("xgboost", xgb),)) for s in specs] \
                     if xgb else specs
-                ars = [dispatch(self.cluster, s, run_cell, spec, blob, stash)
-                       for s, spec, blob, stash in zip(slots, specs, prepared.shard_blobs, stashes)]
-                self.engines.shipped([s for s, ar in zip(slots, ars)
-                                      if not isinstance(ar, Undelivered)], prepared.hashes)
+                ars = [dispatch(self.cluster, s, run_cell, spec, None, stash)
+                       for s, spec, stash in zip(slots, specs, stashes)]
+                delivered = [r for r, ar in enumerate(ars) if not isinstance(ar, Undelivered)]
+                self.engines.shipped([slots[r] for r in delivered],
+                                     [objects[r][0] for r in delivered])
                 status = Waiter(self.cluster, slots, ars, job.tracker, job.opts,
                                 self.control.pump).wait(results)
         except BaseException:

@@ -15,7 +15,7 @@ import contextlib
 import sys
 from typing import Any, Iterator
 
-from ...wire._seam import RunSpec
+from ...wire._seam import RunSpec, shard_key
 from ._engine_state import engine_state
 
 
@@ -31,7 +31,8 @@ def build_namespace(spec: RunSpec, shard_blobs: dict[str, bytes] | None) -> tupl
     from ...wire._tensor_pickle import loads as tensor_loads
 
     cache = engine_state().cache
-    missing = [name for name in spec.names if name not in cache]
+    shards = {name: shard_key(name) for name in spec.train.shard if name not in (shard_blobs or {})}
+    missing = [name for name in (*spec.names, *shards.values()) if name not in cache]
     if missing:
         raise RuntimeError(f"shipped object {missing[0]!r} is missing on this engine; re-run the cell")
     module = types.ModuleType("__main__")
@@ -42,6 +43,8 @@ def build_namespace(spec: RunSpec, shard_blobs: dict[str, bytes] | None) -> tupl
     _track_scheduled_steps(memos)
     for name, part in (shard_blobs or {}).items():
         namespace[name] = tensor_loads(part)
+    for name, key in shards.items():  # this rank's part, kept from the run that sent it
+        namespace[name] = tensor_loads(cache[key][1])
     return module, (origins(memos) if spec.train.returns and spec.rank == 0 else {})
 
 
