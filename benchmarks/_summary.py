@@ -75,6 +75,14 @@ def _latency(d: dict) -> list[dict]:
             other = d[key]["median"]
             rows.append(_row("latency", f"warm re-run {label} / with the live view", other / warm,
                              "reported", None, f"{other * 1e3:.1f} ms vs {warm * 1e3:.1f} ms"))
+    ship = d.get("bare_ipyparallel_100mb_to_each_s", {}).get("median")
+    for key, label in (("warm_rerun_100mb_model_s", "a 100 MB model"),
+                       ("warm_rerun_100mb_shard_s", "100 MB of --shard data")):
+        if ship and key in d:
+            took = d[key]["median"]
+            rows.append(_row("latency", f"warm re-run, {label} unchanged / sending 100 MB to "
+                             "each engine (bare apply)", took / ship, "< 1x", took < ship,
+                             f"{took * 1e3:.0f} ms vs {ship * 1e3:.0f} ms"))
     for key, label in (("mlp", "the cell's MLP (270 KB)"), ("linear_100mb", "a 100 MB layer")):
         figures = d.get("shipping", {}).get(key)
         if figures is not None:

@@ -6,7 +6,10 @@ Target: at least 100x faster.
 Measured in the same run, for where the time goes: the same cell with ``--no-widget`` (text
 progress), the same cell calling ``log()`` (the live plot is built and sent), an empty cell (the
 kernel's own round trip) and a bare ipyparallel round trip to the same two engines, timed inside
-the kernel (the floor under any cell that runs on the engines through ipyparallel).
+the kernel (the floor under any cell that runs on the engines through ipyparallel).  And re-runs
+whose large objects did not change (a 100 MB model, 100 MB of ``--shard`` data) against sending
+100 MB to each engine with a bare apply: what shipping it again would cost at least.  Target:
+below 1x.
 
 Also: what a warm re-run spends packing and unpacking what it ships. The kernel pickles the
 shipped names (to hash them) and every engine unpickles them on every run; phalanx writes dense
@@ -37,7 +40,12 @@ CELLS = {
     "warm_rerun_no_widget_s": ONE_STEP.format(flags=" --no-widget", extra=""),
     "warm_rerun_logging_s": ONE_STEP.format(flags="", extra="log(loss=1.0)\n"),
     "empty_cell_s": "pass",
+    # Unchanged large objects: a 100 MB model the cell reads, 100 MB of --shard data
+    "warm_rerun_100mb_model_s": "%%distributed_fit --no-widget\nwith torch.no_grad():\n"
+                                "    out = big(torch.ones(1, 5000))\n",
+    "warm_rerun_100mb_shard_s": "%%distributed_fit --shard BX --no-widget\nfirst = float(BX[0, 0])\n",
 }
+BIG = "big = torch.nn.Linear(5000, 5000)\nBX = torch.randn(5000, 5000)\n"  # 100 MB each
 
 # Timed inside the kernel: one apply to each engine, both awaited (what a run's dispatch does).
 BARE_ROUND_TRIP = """
@@ -51,6 +59,15 @@ for _ in range(3):
 _samples = []
 for _ in range({repeats}):
     _t0 = _t.perf_counter(); _round_trip(); _samples.append(_t.perf_counter() - _t0)
+# What sending the 100 MB model again would cost at least: its bytes to each engine, bare
+_payload = bytes(100_000_000)
+_shipped = []
+for _ in range({repeats}):
+    _t0 = _t.perf_counter()
+    for _ar in [_client[_i].apply_async(len, _payload) for _i in _client.ids]:
+        _ar.get()
+    _shipped.append(_t.perf_counter() - _t0)
+del _payload
 """
 
 
@@ -98,7 +115,7 @@ def warm_in_a_kernel(repeats: int) -> dict:
     try:
         for setup in ("%load_ext phalanx", "%cluster start -n 2 --gpus none",
                       "import torch\nfrom phalanx import log\nfrom _models import make_mlp, make_data\n"
-                      "model = make_mlp()\nX, y = make_data(64)\n"):
+                      "model = make_mlp()\nX, y = make_data(64)\n" + BIG):
             notebook.run(setup, timeout=300)
         for code in CELLS.values():  # warm: imports, the process group, the first views
             for _ in range(2):
@@ -109,14 +126,16 @@ def warm_in_a_kernel(repeats: int) -> dict:
                 started = time.perf_counter()
                 notebook.run(code, timeout=120)
                 samples[key].append(time.perf_counter() - started)
-        bare = json.loads(notebook.evaluate(BARE_ROUND_TRIP.format(repeats=repeats * 2),
-                                            "__import__('json').dumps(_samples)").strip("'\""))
+        bare, shipped = json.loads(notebook.evaluate(
+            BARE_ROUND_TRIP.format(repeats=repeats * 2),
+            "__import__('json').dumps([_samples, _shipped])").strip("'\""))
         notebook.run("%cluster stop", timeout=120)
     finally:
         notebook.close()
         km.shutdown_kernel(now=False)  # its atexit removes its scratch folders
     return {**{key: stats(values) for key, values in samples.items()},
-            "bare_ipyparallel_round_trip_s": stats(bare)}
+            "bare_ipyparallel_round_trip_s": stats(bare),
+            "bare_ipyparallel_100mb_to_each_s": stats(shipped)}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -136,7 +155,10 @@ def main(argv: list[str] | None = None) -> dict:
                        ("warm_rerun_no_widget_s", "warm re-run, --no-widget"),
                        ("warm_rerun_logging_s", "warm re-run calling log()"),
                        ("empty_cell_s", "empty cell (kernel round trip)"),
-                       ("bare_ipyparallel_round_trip_s", "bare ipyparallel round trip")):
+                       ("bare_ipyparallel_round_trip_s", "bare ipyparallel round trip"),
+                       ("warm_rerun_100mb_model_s", "re-run, 100 MB model"),
+                       ("warm_rerun_100mb_shard_s", "re-run, 100 MB --shard data"),
+                       ("bare_ipyparallel_100mb_to_each_s", "bare: 100 MB to each engine")):
         s = warm[key]
         print(f"{label:30s}: {s['median'] * 1000:8.1f} ms (min {s['min'] * 1000:.1f}, "
               f"max {s['max'] * 1000:.1f})")

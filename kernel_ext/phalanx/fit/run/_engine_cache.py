@@ -3,6 +3,11 @@
 An :class:`EngineSetCache` remembers, between runs, which process group each engine holds (and
 with which members and collective deadline it was formed), which shipped objects each engine
 holds (by content hash), and the package versions the engines reported for a cluster layout.
+
+An engine keeps the objects of its last run, and those of earlier runs too, most recently used
+first, while they fit in :data:`KEEP_BYTES` (``PHALANX_ENGINE_CACHE_MB``): a notebook that
+alternates a training cell and an evaluation cell sends neither's model or data again.  The
+kernel decides what each engine keeps (the stash's keep list), so its record is the engine's.
 Groups and shipped objects are keyed by slot id, not engine id: a new cluster numbers its
 engines from 0 again, and its engines hold neither the old group nor the old shipped objects.
 
@@ -12,14 +17,18 @@ Example::
     key = cache.group_key(slots, timeout_s=300.0)   # warm key, or a new one (the group re-forms)
     objects = [prepared.objects_for(rank) for rank in range(len(slots))]
     stashes = cache.stashes(slots, objects)  # one per slot, or None
-    cache.shipped(delivered_slots, [hashes for hashes, _ in delivered_objects])
+    cache.shipped(delivered_slots, delivered_objects)
     cache.group_formed(slots, key)                  # or group_torn_down(slots) after a failure
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 from typing import Callable, Hashable, Mapping, Sequence
+
+# Bytes of earlier runs' objects an engine keeps beside the current run's (which it always holds)
+KEEP_BYTES = int(float(os.environ.get("PHALANX_ENGINE_CACHE_MB", "512")) * 2**20)
 
 
 class EngineSetCache:
@@ -31,6 +40,9 @@ class EngineSetCache:
         self._groups: dict[str, str] = {}             # slot id -> key of the group it holds
         self._members: dict[str, tuple] = {}          # group key -> (slot ids by rank, deadline)
         self._shipped: dict[str, dict[str, str]] = {}  # slot id -> {shipped name: content hash}
+        self._sizes: dict[str, dict[str, int]] = {}    # slot id -> {shipped name: bytes}
+        self._last_used: dict[str, dict[str, int]] = {}  # slot id -> {name: run counter}
+        self._uses = itertools.count(1)
         self._versions: dict[Hashable, list[dict]] = {}  # cluster layout -> engines' versions
 
     # --- process groups ---------------------------------------------------------------------
@@ -71,14 +83,38 @@ class EngineSetCache:
         for slot, (hashes, blobs) in zip(slots, objects):
             held = self._shipped.get(slot.slot_id, {})
             missing = {n: (h, blobs[n]) for n, h in hashes.items() if held.get(n) != h}
-            stashes.append((missing, sorted(hashes)) if missing or set(held) - set(hashes)
-                           else None)
+            keep = self._keep(slot.slot_id, hashes)
+            stashes.append((missing, sorted(keep)) if missing or set(held) - keep else None)
         return stashes
 
-    def shipped(self, slots: list, hashes: Sequence[Mapping[str, str]]) -> None:
-        """These engines now hold exactly the objects ``hashes`` (one mapping per slot) names."""
-        for slot, held in zip(slots, hashes):
-            self._shipped[slot.slot_id] = dict(held)
+    def shipped(self, slots: list, objects: Sequence[tuple[Mapping[str, str], Mapping[str, bytes]]]
+                ) -> None:
+        """These engines now hold the objects ``objects`` (per slot: hashes, blobs) names, and
+        what they kept of earlier runs (see :meth:`stashes`)."""
+        use = next(self._uses)
+        for slot, (hashes, blobs) in zip(slots, objects):
+            keep = self._keep(slot.slot_id, hashes)
+            held, sizes = self._shipped.get(slot.slot_id, {}), self._sizes.get(slot.slot_id, {})
+            used = self._last_used.setdefault(slot.slot_id, {})
+            self._shipped[slot.slot_id] = {n: (hashes[n] if n in hashes else held[n]) for n in keep}
+            self._sizes[slot.slot_id] = {n: (len(blobs[n]) if n in hashes else sizes[n])
+                                         for n in keep}
+            used.update({n: use for n in hashes})
+            for gone in set(used) - keep:
+                del used[gone]
+
+    def _keep(self, slot_id: str, hashes: Mapping[str, str]) -> set[str]:
+        """What the engine keeps after this run: the run's objects, then earlier ones, the most
+        recently used first, while they fit in KEEP_BYTES (a name the run sends anew replaces
+        its old version)."""
+        keep, room = set(hashes), KEEP_BYTES
+        sizes, used = self._sizes.get(slot_id, {}), self._last_used.get(slot_id, {})
+        for name in sorted(set(self._shipped.get(slot_id, {})) - keep,
+                           key=lambda n: used.get(n, 0), reverse=True):
+            if sizes.get(name, 0) <= room:
+                keep.add(name)
+                room -= sizes.get(name, 0)
+        return keep
 
     # --- package versions -------------------------------------------------------------------
 

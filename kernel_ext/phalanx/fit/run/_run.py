@@ -257,8 +257,7 @@ class FitRunner:
                 ars = [dispatch(self.cluster, s, run_cell, spec, None, stash)
                        for s, spec, stash in zip(slots, specs, stashes)]
                 delivered = [r for r, ar in enumerate(ars) if not isinstance(ar, Undelivered)]
-                self.engines.shipped([slots[r] for r in delivered],
-                                     [objects[r][0] for r in delivered])
+                self.engines.shipped([slots[r] for r in delivered], [objects[r] for r in delivered])
                 status = Waiter(self.cluster, slots, ars, job.tracker, job.opts,
                                 self.control.pump).wait(results)
         except BaseException:
