@@ -82,7 +82,7 @@ def frame(data: Any, buffers: list[pickle.PickleBuffer]) -> bytes:
 def unframe(blob: bytes) -> tuple[memoryview, list[memoryview]]:
     """The pickle and its buffers, as views on ``blob`` (nothing copied)."""
     view = memoryview(blob)
-    if not view[:len(_FRAMED)] == _FRAMED:
+    if view[:len(_FRAMED)] != _FRAMED:  # plain pickle data
         return view, []
     at = len(_FRAMED)
     (count,) = struct.unpack_from("<Q", view, at)
@@ -95,11 +95,10 @@ def unframe(blob: bytes) -> tuple[memoryview, list[memoryview]]:
     return parts[0], parts[1:]
 
 
-def loads(blob: bytes, unpickler: Callable[..., pickle.Unpickler] = pickle.Unpickler) -> Any:
-    """What :func:`dumps` wrote (``unpickler``: the class reading the pickle, given the file
-    and its ``buffers``)."""
+def loads(blob: bytes) -> Any:
+    """What :func:`dumps` wrote (or plain pickle data)."""
     data, buffers = unframe(blob)
-    return unpickler(io.BytesIO(data), buffers=buffers).load()
+    return pickle.Unpickler(io.BytesIO(data), buffers=buffers).load()
 
 
 class _Pickler(cloudpickle.Pickler):

@@ -3,13 +3,13 @@
 An :class:`EngineSetCache` remembers, between runs, which process group each engine holds (and
 with which members and collective deadline it was formed), which shipped objects each engine
 holds (by content hash), and the package versions the engines reported for a cluster layout.
+Groups and shipped objects are keyed by slot id, not engine id: a new cluster numbers its
+engines from 0 again, and its engines hold neither the old group nor the old shipped objects.
 
 An engine keeps the objects of its last run, and those of earlier runs too, most recently used
 first, while they fit in :data:`KEEP_BYTES` (``PHALANX_ENGINE_CACHE_MB``): a notebook that
 alternates a training cell and an evaluation cell sends neither's model or data again.  The
 kernel decides what each engine keeps (the stash's keep list), so its record is the engine's.
-Groups and shipped objects are keyed by slot id, not engine id: a new cluster numbers its
-engines from 0 again, and its engines hold neither the old group nor the old shipped objects.
 
 Example::
 
