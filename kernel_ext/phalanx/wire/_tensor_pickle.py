@@ -110,6 +110,12 @@ class _Pickler(cloudpickle.Pickler):
         # other names, see ``_graph_pickle``)
         self._storages: dict[tuple[int, int], _Storage] = {} if storages is None else storages
 
+    def dump(self, obj: Any) -> None:
+        try:
+            super().dump(obj)
+        finally:  # a pickler without storages_out_of_band left its last buffer (and storage) there
+            _LATEST.buffer = None
+
     def reducer_override(self, obj: Any) -> Any:
         torch = sys.modules.get("torch")  # no torch imported: no tensor to look at
         if torch is not None and _plain_cpu_tensor(torch, obj):
