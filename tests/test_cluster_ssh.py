@@ -270,7 +270,7 @@ def test_a_host_lost_mid_run_is_named_and_the_survivor_released(session, shell, 
                            timeout=hang_limit(120))
     try:
         with pytest.raises(DistributedFitError) as caught:
-            run_cell(shell, "%%distributed_fit --no-widget --collective-timeout 20\n" + LONG_BODY)
+            run_cell(shell, "%%distributed_fit --no-widget --collective-timeout 8\n" + LONG_BODY)
         cut["thread"].join(timeout=hang_limit(5))
         assert "t" in cut, f"the link was not cut: {cut.get('error')}"
         figures["15_host_lost_to_error_s"] = round(time.time() - cut["t"], 2)
