@@ -22,6 +22,7 @@ def _ranks(session):
 
 def test_start_scale_restart_stop_through_the_magic(shell, capsys):
     from phalanx._session import session_for_shell
+    from phalanx.cluster._engine_views import engine_view
 
     session = session_for_shell(shell)
     session.cluster.stop()
@@ -42,12 +43,20 @@ def test_start_scale_restart_stop_through_the_magic(shell, capsys):
     assert_all_gone([doomed])
 
     old = session.cluster.slots()[1]
+    client = session.cluster.client
+    old_view = engine_view(client, old.engine_id)  # runs reuse one view per engine
+    assert engine_view(client, old.engine_id) is old_view
     run_cell(shell, "%cluster restart 1")
     new = session.cluster.slots()[1]
     assert new.engine_id != old.engine_id and session.cluster.size == 2
     assert session.cluster.slots()[0].engine_id == first_ids[0]
     assert_all_gone([old.pid])
-    assert session.cluster.client[new.engine_id].apply_sync(lambda: 6 * 7) == 42
+    assert engine_view(client, new.engine_id).apply_sync(lambda: 6 * 7) == 42
+    # the view kept for the replaced engine sends nothing: ipyparallel refuses the gone id
+    with pytest.raises(IndexError, match="No such engine"):
+        old_view.apply_async(int)
+    with pytest.raises(IndexError, match="No such engine"):
+        engine_view(client, old.engine_id)  # and it was dropped when the new one was made
 
     before = engine_pids(session)
     run_cell(shell, "%cluster restart")

@@ -12,6 +12,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ._engine_views import engine_view
+
 ASK_TIMEOUT_S = 2.0
 _CUDA_KEYS = ("cuda_allocated_mb", "cuda_reserved_mb", "cuda_peak_mb")
 
@@ -32,7 +34,7 @@ def fill_engine_memory(client: Any, rows: list[dict], timeout: float = ASK_TIMEO
     pending = {}
     for row in asked:
         try:
-            pending[id(row)] = (row, client[row["engine_id"]].apply_async(memory_sample))
+            pending[id(row)] = (row, engine_view(client, row["engine_id"]).apply_async(memory_sample))
         except Exception:
             continue
     deadline = time.monotonic() + timeout

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+from ...cluster._engine_views import engine_view
 from ...wire._seam import RankResult
 from ..run._engine_calls import registered
 
@@ -99,7 +100,8 @@ def _slot_of(cluster: Any, target: DebugTarget, rank: int) -> Any:
 def _call(cluster: Any, slot: Any, rank: int, fn: Callable, *args: Any) -> Any:
     """``fn(*args)`` on the rank's (idle) engine; its refusal becomes :class:`DebugUnavailable`."""
     try:
-        return cluster.client[slot.engine_id].apply_async(fn, *args).get(timeout=COMMAND_TIMEOUT_S)
+        return engine_view(cluster.client, slot.engine_id).apply_async(fn, *args).get(
+            timeout=COMMAND_TIMEOUT_S)
     except Exception as exc:
         if getattr(exc, "ename", None) == "NoFramesError":
             raise DebugUnavailable(f"rank {rank}: {getattr(exc, 'evalue', exc)}") from None

@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ...cluster._engine_views import engine_view
 from ...wire._seam import CELL_FILENAME
 from ..run._engine_control import ask_engines
 
@@ -32,7 +33,7 @@ def ask_stacks(cluster: Any, slots: list, busy: bool, timeout: float = ANSWER_S)
     calls = []
     for slot in slots:
         try:
-            calls.append(cluster.client[slot.engine_id].apply_async(stack_when_idle))
+            calls.append(engine_view(cluster.client, slot.engine_id).apply_async(stack_when_idle))
         except Exception:  # an engine gone between the listing and the call
             calls.append(None)
     deadline = time.monotonic() + timeout

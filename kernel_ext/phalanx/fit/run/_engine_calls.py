@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Mapping
 
+from ...cluster._engine_views import engine_view
 from ._errors import engine_fault
 
 log = logging.getLogger("phalanx")
@@ -51,7 +52,7 @@ def registered(cluster: Any, engine_id: int | None) -> bool:
 def dispatch(cluster: Any, slot: Any, fn: Callable, *args: Any) -> Any:
     """``apply_async`` on one slot's engine; an engine already gone gives an :class:`Undelivered`."""
     try:
-        return cluster.client[slot.engine_id].apply_async(fn, *args)
+        return engine_view(cluster.client, slot.engine_id).apply_async(fn, *args)
     except Exception as exc:
         return Undelivered(exc)
 
