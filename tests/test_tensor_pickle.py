@@ -128,3 +128,25 @@ def test_plain_pickle_data_loads_too():
 
 def test_docstring_example():
     assert doctest.testmod(_tensor_pickle).failed == 0
+
+
+def test_reducers_registered_with_copyreg_count_and_cloudpickle_s_own_come_first():
+    """The pickler's dispatch table is flattened for speed: a reducer registered after import
+    is still used, and where two tables name a type the first (cloudpickle's) wins."""
+    import copyreg
+    import logging
+    from collections import ChainMap
+
+    from phalanx.wire._tensor_pickle import flat_table
+
+    class Registered:
+        pass
+
+    copyreg.pickle(Registered, lambda obj: (int, (7,)))
+    try:
+        assert loads(dumps([Registered()])) == [7]
+    finally:
+        copyreg.dispatch_table.pop(Registered)
+    assert loads(dumps(logging.getLogger("phalanx"))) is logging.getLogger("phalanx")  # cloudpickle's
+    nested = ChainMap({1: "first"}, ChainMap({1: "second", 2: "b"}, {3: "c"}))
+    assert flat_table(nested) == {1: "first", 2: "b", 3: "c"}
