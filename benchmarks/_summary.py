@@ -53,6 +53,27 @@ def teardown_note(record: dict | None) -> str:
             "crashed at teardown after their figure")
 
 
+def _rerun_vs_round_trip_cell(d: dict, warm: float) -> list[dict]:
+    """Issue 59's target, like for like: the re-run against a cell making one bare round trip
+    to the same engines (both timed from the execute request to idle), by wall clock and by
+    the CPU time of the kernel and every cluster process (which load does not move)."""
+    if "bare_round_trip_cell_s" not in d:
+        return []
+    cell = d["bare_round_trip_cell_s"]["median"]
+    ratio = d["rerun_vs_bare_round_trip_cell"]
+    rows = [_row("latency", "warm re-run / a cell making one bare ipyparallel round trip, same "
+                 "engines", ratio, "<= 2.5x", ratio <= 2.5, f"{warm * 1e3:.1f} ms vs {cell * 1e3:.1f} ms")]
+    cpu = d["cpu"]
+    ratio = d["rerun_cpu_vs_bare_round_trip_cell_cpu"]
+    rows.append(_row("latency", "same, CPU time of the kernel and every cluster process", ratio,
+                     "<= 2.5x", ratio <= 2.5,
+                     f"{cpu['warm_rerun_cpu_s'] * 1e3:.1f} ms vs "
+                     f"{cpu['bare_round_trip_cell_cpu_s'] * 1e3:.1f} ms; an empty cell "
+                     f"{cpu['empty_cell_cpu_s'] * 1e3:.1f} ms, the round trip alone "
+                     f"{cpu['bare_round_trip_cpu_s'] * 1e3:.1f} ms"))
+    return rows
+
+
 def _latency(d: dict) -> list[dict]:
     cold, warm = d["cold_torchrun_s"]["median"], d["warm_rerun_s"]["median"]
     rows = [_row("latency", "warm re-run vs cold torchrun launch", d["speedup"], ">= 100x",
@@ -67,18 +88,10 @@ def _latency(d: dict) -> list[dict]:
                          warm * 1e3, "<= 15 ms", warm <= 0.015,
                          f"floor here {(empty + floor) * 1e3:.1f} ms: empty cell "
                          f"{empty * 1e3:.1f} ms + bare ipyparallel round trip {floor * 1e3:.1f} ms"))
-        ratio = d["rerun_vs_bare_round_trip"]  # the target of issue 59, on both measures
-        rows.append(_row("latency", "warm re-run / bare ipyparallel round trip, same engines",
-                         ratio, "<= 2.5x", ratio <= 2.5,
+        rows.append(_row("latency", "warm re-run / bare ipyparallel round trip timed inside the "
+                         "kernel, same engines", d["rerun_vs_bare_round_trip"], "reported", None,
                          f"{warm * 1e3:.1f} ms vs {floor * 1e3:.1f} ms"))
-        cpu = d.get("cpu")
-        if cpu is not None:
-            ratio = d["rerun_cpu_vs_bare_round_trip_cpu"]
-            rows.append(_row("latency", "warm re-run / bare ipyparallel round trip, CPU time of "
-                             "the kernel and every cluster process", ratio, "<= 2.5x", ratio <= 2.5,
-                             f"{cpu['warm_rerun_cpu_s'] * 1e3:.1f} ms vs "
-                             f"{cpu['bare_round_trip_cpu_s'] * 1e3:.1f} ms; an empty cell "
-                             f"{cpu['empty_cell_cpu_s'] * 1e3:.1f} ms"))
+        rows += _rerun_vs_round_trip_cell(d, warm)
         for key, label in (("warm_rerun_no_widget_s", "--no-widget"),
                            ("warm_rerun_logging_s", "calling log()")):
             other = d[key]["median"]

@@ -52,12 +52,11 @@ import pickle
 import sys
 import threading
 import types
-from collections import ChainMap
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping
 
 import cloudpickle.cloudpickle as _cloudpickle
 
-from ._tensor_pickle import _Pickler, frame, storages_out_of_band, unframe
+from ._tensor_pickle import _Pickler, flat_table, frame, storages_out_of_band, unframe
 
 if TYPE_CHECKING:
     import numpy as np
@@ -105,7 +104,8 @@ class _GraphPickler(_Pickler):
                  buffer_callback: Callable[[pickle.PickleBuffer], object] | None = None) -> None:
         # Read once by the C pickler when it starts: set before that
         self._sources: dict[str, str | None] = {}  # a cell's source, written once per name
-        self.dispatch_table = ChainMap({types.CodeType: self._code_reduce}, _Pickler.dispatch_table)
+        self.dispatch_table = {**flat_table(_cloudpickle.Pickler.dispatch_table),
+                               types.CodeType: self._code_reduce}
         super().__init__(file, storages=packer.storages, buffer_callback=buffer_callback)
         self._packer, self._name = packer, name
         self.refers_to: set[str] = set()

@@ -117,6 +117,8 @@ def flat_table(table: Mapping) -> dict:
 
 
 class _Pickler(cloudpickle.Pickler):
+    dispatch_table: Mapping  # cloudpickle's (a class attribute), or a subclass's on the instance
+
     def __init__(self, file: io.BytesIO, storages: dict | None = None,
                  buffer_callback: Callable[[pickle.PickleBuffer], Any] | None = None) -> None:
         # Read once by the C pickler when it starts: set before that (a subclass's own table,
