@@ -1,6 +1,7 @@
 """One ipyparallel view per engine, made once: a view is a traitlets object, and building one
-(``client[engine_id]``) took about a fifth of the kernel's CPU time in a warm one-step re-run
-(measured with a sampling profiler, 2 engines: two views a run).
+(``client[engine_id]``) for each dispatch was the largest single cost a warm one-step re-run
+put on the kernel (2 engines, two views a run; the kernel's main thread spent 14.3 ms of CPU
+a re-run with them, 12.7 ms without, measured over 100 re-runs).
 
 A cached view behaves as a new one would: ipyparallel checks its target against the engines it
 knows at every ``apply_async`` (``IndexError: No such engine`` for one that left), as

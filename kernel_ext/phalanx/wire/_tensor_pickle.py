@@ -104,9 +104,9 @@ def loads(blob: bytes) -> Any:
 def flat_table(table: Mapping) -> dict:
     """``table`` as one dict.  cloudpickle's dispatch table is a ChainMap over copyreg's; the C
     pickler looks up the type of every object it has no fast path for there, and a ChainMap
-    answers in Python, with a KeyError for each miss: a quarter of the time a warm re-run
-    spent pickling the benchmarks' MLP and data (measured).  Flattened per pickler, so a
-    reducer registered meanwhile still counts."""
+    answers in Python, with a KeyError for each miss (a warm re-run's packing of the
+    benchmarks' MLP and data: 1.20 ms of CPU with it, 1.05 ms flat, measured).  Flattened per
+    pickler, so a reducer registered meanwhile still counts."""
     maps = getattr(table, "maps", None)
     if maps is None:
         return dict(table)
