@@ -99,7 +99,9 @@ def compare(places: dict[str, list[dict]], baseline: str, candidate: str) -> dic
 
 def metered(session: Any, steps: int, workers: int) -> dict[str, Any]:
     """One run with the meter on every engine of the run: per-step microseconds by component."""
-    targets = session.cluster.client[list(range(workers))]
+    # the engines of the run's ranks: engine ids follow the order engines registered in, ranks
+    # the slots' order, so rank 0 may be engine 1 (a 1-worker run metered on engine 0 read 0)
+    targets = session.cluster.client[[s.engine_id for s in session.cluster.slots()[:workers]]]
     targets.apply_sync(lambda: __import__("_step_cost_meter").install())
     try:
         total = run_loop(session, steps, workers)
@@ -130,7 +132,7 @@ def main(argv: list[str] | None = None) -> dict:
     steps, blocks = (150, 3) if args.quick else (600, 8)
     session = Session()
     session.start_cluster(n=2, gpus="none")
-    one = session.cluster.client[0]
+    one = session.cluster.client[session.cluster.slots()[0].engine_id]  # rank 0's, as the runs'
     both = session.cluster.client[:]
     try:
         run_loop(session, 20, 1)
