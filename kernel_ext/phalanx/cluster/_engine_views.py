@@ -5,7 +5,9 @@ a re-run with them, 12.7 ms without, measured over 100 re-runs).
 
 A cached view behaves as a new one would: ipyparallel checks its target against the engines it
 knows at every ``apply_async`` (``IndexError: No such engine`` for one that left), as
-``client[engine_id]`` does when the view is built.
+``client[engine_id]`` does when the view is built.  The views are kept on their client, whose
+lifetime they do not extend (each view refers to its client: a table of ours keyed by clients
+would keep every stopped cluster's client alive).
 
 Example::
 
@@ -15,24 +17,21 @@ Example::
 from __future__ import annotations
 
 import threading
-import weakref
 from typing import Any
 
-# client -> {engine id: its DirectView}; a client that is closed and dropped takes its views
-_VIEWS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_ATTRIBUTE = "_phalanx_engine_views"  # engine id -> its DirectView, on the client
 _LOCK = threading.Lock()  # the kernel's threads (runs, memory samples, the panel) share it
 
 
 def engine_view(client: Any, engine_id: int) -> Any:
     """``client[engine_id]``, built on first use; raises as that does for an unknown engine."""
     with _LOCK:
-        views = _VIEWS.get(client)
-        view = views.get(engine_id) if views is not None else None
+        views = client.__dict__.setdefault(_ATTRIBUTE, {})
+        view = views.get(engine_id)
     if view is not None:
         return view
     view = client[engine_id]  # validates the id: a gone engine raises here, as before
     with _LOCK:
-        views = _VIEWS.setdefault(client, {})
         known = set(client.ids)
         for gone in [eid for eid in views if eid not in known]:  # engines replaced since
             del views[gone]
