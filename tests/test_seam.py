@@ -166,7 +166,7 @@ def test_an_engine_answers_a_spec_it_cannot_run_with_a_result_not_an_exception()
     # The shipped object the spec names was never stashed: the rank fails before any group forms.
     previous = signal.getsignal(signal.SIGINT)
     try:
-        result = run_cell(spec_for(0, names=("never_shipped",)), None)
+        result = run_cell(spec_for(0, names=("never_shipped",)))
     finally:  # run_cell makes its interrupt gate the process's SIGINT handler, as on an engine:
         signal.signal(signal.SIGINT, previous)  # left in place, it would swallow later Ctrl-C
     assert isinstance(result, RankResult) and result.outcome is Outcome.RAISED

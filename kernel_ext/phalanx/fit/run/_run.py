@@ -254,7 +254,7 @@ class FitRunner:
             with xgboost_tracker(job.body, job.user_ns, slots, job.opts.collective_timeout) as xgb:
                 specs = [dataclasses.replace(s, adapter_data=(("xgboost", xgb),)) for s in specs] \
                     if xgb else specs
-                ars = [dispatch(self.cluster, s, run_cell, spec, None, stash)
+                ars = [dispatch(self.cluster, s, run_cell, spec, stash)
                        for s, spec, stash in zip(slots, specs, stashes)]
                 delivered = [r for r, ar in enumerate(ars) if not isinstance(ar, Undelivered)]
                 self.engines.shipped([slots[r] for r in delivered], [objects[r] for r in delivered])

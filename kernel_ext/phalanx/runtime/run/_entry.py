@@ -57,7 +57,7 @@ def cached_hashes() -> dict[str, str]:
     return {name: h for name, (h, _) in engine_state().cache.items()}
 
 
-def run_cell(spec: RunSpec, shard_blobs: dict[str, bytes] | None,
+def run_cell(spec: RunSpec,
              stash: tuple[dict[str, tuple[str, bytes]], list[str]] | None = None) -> RankResult:
     """Run the cell body as rank ``spec.rank``; returns how it ended. ``stash`` is what to store
     first (:func:`stash_objects`' arguments), before an interrupt can act: the kernel counts it
@@ -72,7 +72,7 @@ def run_cell(spec: RunSpec, shard_blobs: dict[str, bytes] | None,
     gate = InterruptGate()
     gate.install_open()
     try:
-        return _run_cell(spec, shard_blobs, gate)
+        return _run_cell(spec, gate)
     except KeyboardInterrupt:  # landed in the instant between the run's end and the gate closing
         return RankResult(Outcome.INTERRUPTED, error="KeyboardInterrupt",
                           message="interrupted while returning")
@@ -80,7 +80,7 @@ def run_cell(spec: RunSpec, shard_blobs: dict[str, bytes] | None,
         gate.close()
 
 
-def _run_cell(spec: RunSpec, shard_blobs: dict[str, bytes] | None, gate: InterruptGate) -> RankResult:
+def _run_cell(spec: RunSpec, gate: InterruptGate) -> RankResult:
     started = time.time()
     state = engine_state()
     run = None
@@ -92,7 +92,7 @@ def _run_cell(spec: RunSpec, shard_blobs: dict[str, bytes] | None, gate: Interru
     # (--return included: skorch's __getstate__ pickles the module's class by name)
     main_module = contextlib.ExitStack()
     try:
-        main, sent = build_namespace(spec, shard_blobs)
+        main, sent = build_namespace(spec)
         namespace = main.__dict__
         shipped = {name: namespace[name] for name in spec.names if name in namespace}
         main_module.enter_context(as_main(main))

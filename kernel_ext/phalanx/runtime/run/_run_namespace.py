@@ -4,7 +4,7 @@ while the cell runs (as the notebook's does in the kernel).
 
 Example (inside :func:`~phalanx.runtime.run._entry.run_cell`)::
 
-    main, origins = build_namespace(spec, shard_blobs)
+    main, origins = build_namespace(spec)
     with as_main(main):
         exec(code, main.__dict__)
 """
@@ -19,9 +19,10 @@ from ...wire._seam import RunSpec, shard_key
 from ._engine_state import engine_state
 
 
-def build_namespace(spec: RunSpec, shard_blobs: dict[str, bytes] | None) -> tuple[Any, dict]:
+def build_namespace(spec: RunSpec) -> tuple[Any, dict]:
     """The run's ``__main__`` module (see :func:`as_main`): the shipped names rebuilt in its
-    dict as one object graph (:mod:`phalanx.wire._graph_pickle`), then this rank's shards; and, on the rank
+    dict as one object graph (:mod:`phalanx.wire._graph_pickle`), then this rank's part of each
+    ``--shard`` name (held in the engine's cache under :func:`shard_key`); and, on the rank
     that returns values, where each shipped object came from (elsewhere nothing: the map holds
     every shipped object, a model's first host copy too, for the whole run)."""
     import types
@@ -31,7 +32,7 @@ def build_namespace(spec: RunSpec, shard_blobs: dict[str, bytes] | None) -> tupl
     from ...wire._tensor_pickle import loads as tensor_loads
 
     cache = engine_state().cache
-    shards = {name: shard_key(name) for name in spec.train.shard if name not in (shard_blobs or {})}
+    shards = {name: shard_key(name) for name in spec.train.shard}
     missing = [name for name in (*spec.names, *shards.values()) if name not in cache]
     if missing:
         raise RuntimeError(f"shipped object {missing[0]!r} is missing on this engine; re-run the cell")
@@ -41,8 +42,6 @@ def build_namespace(spec: RunSpec, shard_blobs: dict[str, bytes] | None) -> tupl
     memos = load_names(spec.names, {name: cache[name][1] for name in spec.names}, namespace)
     expose_notebook_definitions(memos, namespace)  # found as __main__.Net by plain pickle
     _track_scheduled_steps(memos)
-    for name, part in (shard_blobs or {}).items():
-        namespace[name] = tensor_loads(part)
     for name, key in shards.items():  # this rank's part, kept from the run that sent it
         namespace[name] = tensor_loads(cache[key][1])
     return module, (origins(memos) if spec.train.returns and spec.rank == 0 else {})
