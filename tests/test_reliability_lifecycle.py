@@ -161,3 +161,40 @@ def test_runs_that_ship_new_data_leave_no_copy_in_the_controller(two_engines):
     growth = marks[-1] - marks[1]  # the first run pays for first-use allocations
     # ipyparallel's default hub database kept every request: about 20 MB more per run
     assert growth < 60, f"the controller grew {growth:.0f} MB over 8 runs of 20 MB: {marks}"
+
+
+_EXITS_RUNNING = """
+import json, sys
+from phalanx._session import Session
+session = Session()
+session.start_cluster(n=2, gpus="none")
+print(json.dumps(session.cluster.process_ids()), flush=True)
+"""  # and the script ends, its cluster still running
+
+
+def test_a_process_that_exits_with_its_cluster_running_stops_it_quietly(tmp_path):
+    """A script (or a kernel shut down) with a cluster still running: its exit stops the
+    cluster through phalanx's own stop, with nothing said and nothing left.  ipyparallel's own
+    exit handler raced phalanx's loop thread ("Error stopping cluster" with a traceback)."""
+    import json
+    import subprocess
+    import sys
+
+    script = tmp_path / "exits_running.py"
+    script.write_text(_EXITS_RUNNING)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=hang_limit(180), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    roles = json.loads(done.stdout.strip().splitlines()[-1])
+    pids = [pid for role in roles.values() for pid in role]
+    assert len(roles.get("engines", [])) >= 2, roles  # engines and their nannies
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    left = wait_processes_gone(procs, hang_limit(10))
+    assert not alive(left), alive(left)
+    assert "Traceback" not in done.stderr, done.stderr
+    assert "Stopping cluster" not in done.stderr, done.stderr  # ipyparallel had to act

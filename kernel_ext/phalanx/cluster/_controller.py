@@ -80,10 +80,11 @@ class ControllerStarter:
 
         state, launcher = self.state, self.state.launcher
         # no cluster file: ipyparallel's JupyterLab sidebar lists (and its server watches, logging
-        # every engine's whole output at exit) the clusters whose files it finds in the profiles
+        # every engine's whole output at exit) the clusters whose files it finds in the profiles.
+        # No stop by ipyparallel at exit: it raced phalanx's loop thread (see _exit_stop)
         kwargs: dict[str, Any] = dict(
             engines=launcher.ipyparallel_engines, delay=0, engine_timeout=int(state.timeout),
-            controller_args=list(CONTROLLER_ARGS) + NO_TASK_DATABASE, shutdown_atexit=True,
+            controller_args=list(CONTROLLER_ARGS) + NO_TASK_DATABASE, shutdown_atexit=False,
             log=quiet_logger(), parent=None, cluster_file="")
         if profile and os.sep in profile:  # a profile's folder rather than its name
             kwargs["profile_dir"] = os.path.abspath(os.path.expanduser(profile))

@@ -37,6 +37,7 @@ from ._controller import ControllerStarter
 from ._engine_log import TAIL_LINES, tail
 from ._engines import EngineStarter
 from ._errors import ClusterError
+from ._exit_stop import stop_at_exit
 from ._exit_watch import ExitWatch
 from ._fork_server import ForkServer
 from ._gpus import GpuSpec, assign_devices, default_engine_count, parse_gpu_spec, visible_gpus
@@ -209,6 +210,7 @@ class ClusterManager:
         state.gpu_spec, state.gpus, state.timeout, state.launcher = spec, local_gpus, timeout, chosen
         state.runner = LoopThread()
         state.warden = Warden.start()
+        stop_at_exit(self)
         try:
             self.fork_server.prepare(chosen, spec, local_gpus, fork_idle_s)
             state.runner.run(self.controller_starter.start(profile), timeout + 30)
