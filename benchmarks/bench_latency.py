@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from typing import Any
 
 from _common import HERE, parse_args, save, stats
 from _torchrun import Torchrun
@@ -139,25 +140,31 @@ def cpu_seconds(pids: list[int]) -> float:
     return total
 
 
-def cpu_per_cell(notebook, repeats: int) -> dict:
+def cpu_per_cell(notebook, rounds: int, block: int) -> dict:
     """CPU time of every process involved, per warm re-run, per empty cell and per bare round
-    trip: what no busy machine can make look better or worse, unlike their wall times.  Each
-    kind in one block of ``repeats`` (the kernel's clock ticks are 10 ms: a block is long
-    enough that they do not matter); the round trips run in one cell, so their kernel
-    round trip is spread over all of them."""
+    trip: what no busy machine can make look better or worse, unlike their wall times.  Blocks
+    of ``block`` cells of each kind, alternating kinds (in both orders) for ``rounds`` rounds:
+    a busy moment, a collection of the kernel's heap or an engine's periodic work falls on
+    every kind alike (one block per kind read 2.03x and 2.99x in two runs of the same code).
+    The kernel's clock ticks are 10 ms: over many blocks their rounding averages out.  The
+    round trips run in one cell, so their kernel round trip is spread over all of them."""
     pids = json.loads(notebook.evaluate(PROCESS_IDS, "_json.dumps(_pids)").strip("'\""))
-    per: dict[str, float] = {}
-    for key, code, count in (("warm_rerun_cpu_s", CELLS["warm_rerun_s"], repeats),
-                             ("empty_cell_cpu_s", CELLS["empty_cell_s"], repeats),
-                             ("bare_round_trip_cell_cpu_s", CELLS["bare_round_trip_cell_s"], repeats),
-                             ("bare_round_trip_cpu_s", None, repeats * 4)):
-        before = cpu_seconds(pids)
-        if code is None:
-            notebook.run(BARE_ROUND_TRIPS.format(repeats=count), timeout=300)
-        else:
-            for _ in range(count):
-                notebook.run(code, timeout=120)
-        per[key] = (cpu_seconds(pids) - before) / count
+    kinds = [("warm_rerun_cpu_s", CELLS["warm_rerun_s"], block),
+             ("empty_cell_cpu_s", CELLS["empty_cell_s"], block),
+             ("bare_round_trip_cell_cpu_s", CELLS["bare_round_trip_cell_s"], block),
+             ("bare_round_trip_cpu_s", None, block * 4)]
+    spent = {key: [] for key, _, _ in kinds}
+    for i in range(rounds):
+        for key, code, count in (kinds if i % 2 == 0 else kinds[::-1]):
+            before = cpu_seconds(pids)
+            if code is None:
+                notebook.run(BARE_ROUND_TRIPS.format(repeats=count), timeout=300)
+            else:
+                for _ in range(count):
+                    notebook.run(code, timeout=120)
+            spent[key].append((cpu_seconds(pids) - before) / count)
+    per: dict[str, Any] = {key: statistics.fmean(values) for key, values in spent.items()}
+    per["blocks"], per["block_cells"] = spent, block
     return per
 
 
@@ -185,7 +192,7 @@ def warm_in_a_kernel(repeats: int) -> dict:
         bare, shipped = json.loads(notebook.evaluate(
             BARE_ROUND_TRIP.format(repeats=repeats * 2),
             "__import__('json').dumps([_samples, _shipped])").strip("'\""))
-        cpu = cpu_per_cell(notebook, repeats * 10)
+        cpu = cpu_per_cell(notebook, rounds=2 * repeats, block=10)
         notebook.run("%cluster stop", timeout=120)
     finally:
         notebook.close()
@@ -215,6 +222,10 @@ def main(argv: list[str] | None = None) -> dict:
                                                     warm["bare_round_trip_cell_s"]["samples"])),
             "rerun_cpu_vs_bare_round_trip_cell_cpu": warm["cpu"]["warm_rerun_cpu_s"]
             / warm["cpu"]["bare_round_trip_cell_cpu_s"],
+            # each round's two blocks divided: how far the block-to-block spread moves it
+            "rerun_cpu_block_ratios": [
+                rerun / cell for rerun, cell in zip(warm["cpu"]["blocks"]["warm_rerun_cpu_s"],
+                                                    warm["cpu"]["blocks"]["bare_round_trip_cell_cpu_s"])],
             "shipping": shipping, "torchrun": launches}
     print(f"cold torchrun launch          : {cold['median'] * 1000:8.1f} ms")
     for key, label in (("warm_rerun_s", "warm re-run, live view"),

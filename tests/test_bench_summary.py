@@ -146,3 +146,24 @@ def test_step_cost_results_from_before_the_interval_are_judged_by_their_median()
     # their whole-process paired medians: 0.97 (at the target) and 0.94
     assert [r["met"] for r in rows] == [True, False, None]
     assert [round(r["value"], 3) for r in rows] == [0.97, 0.94, 1.0]
+
+
+def test_the_rerun_cpu_row_is_decided_by_its_paired_blocks_interval():
+    from _summary_runs import _rerun_vs_round_trip_cell
+
+    cpu = {"warm_rerun_cpu_s": 0.039, "bare_round_trip_cell_cpu_s": 0.016,
+           "empty_cell_cpu_s": 0.0035, "bare_round_trip_cpu_s": 0.0096, "block_cells": 10}
+    section = {"bare_round_trip_cell_s": {"median": 0.0136, "runs": 20},
+               "rerun_vs_bare_round_trip_cell": 2.47, "cpu": cpu,
+               "rerun_cpu_vs_bare_round_trip_cell_cpu": 2.44}
+    # results written before the blocks were paired: the ratio of means alone decides
+    assert _rerun_vs_round_trip_cell(section, 0.0373)[1]["met"] is True
+    straddling = [2.3, 2.4, 2.5, 2.6, 2.7, 2.45, 2.55, 2.35]
+    row = _rerun_vs_round_trip_cell({**section, "rerun_cpu_block_ratios": straddling}, 0.0373)[1]
+    assert row["met"] is None and "holds the target: undecided" in row["detail"]
+    assert row["detail"].startswith("8 paired blocks of 10 cells, their ratios' median 2.48")
+    above = [r + 0.5 for r in straddling]
+    row = _rerun_vs_round_trip_cell({**section, "rerun_cpu_block_ratios": above}, 0.0373)[1]
+    assert row["met"] is False
+    below = [r - 0.5 for r in straddling]
+    assert _rerun_vs_round_trip_cell({**section, "rerun_cpu_block_ratios": below}, 0.0373)[1]["met"]
