@@ -14,8 +14,9 @@ costs at most 3% more): the median of the paired blocks' ratios, decided by its 
 (a target inside it is undecided), for the CPU time of the process less torch's collective
 threads (``_step_cost_loop``: gloo's threads spin while the peer is late, which moved the
 process's total by 15% between blocks of the same DDP loop).  The process's whole CPU time, the
-fastest block of each place and wall-clock ratios of the same blocks are reported beside.  Where the machine exposes a hardware counter, user-space
-instructions per step too ("not available" on a virtual machine without one).
+fastest block of each place and wall-clock ratios of the same blocks are reported beside; where
+the machine exposes a hardware counter, user-space instructions per step too ("not available"
+on a virtual machine without one).
 
 The run's fixed cost per step, which noise on this machine cannot hide: the same model with
 layers two wide (the same parameters and hooks, next to no arithmetic), its step's CPU time on
