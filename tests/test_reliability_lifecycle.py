@@ -18,7 +18,7 @@ import time
 
 import psutil
 import pytest
-from phalanx.cluster._procs import wait_processes_gone
+from phalanx.cluster._procs import wait_gone, wait_processes_gone
 
 from conftest import assert_all_gone
 from kernel_support import kernel_manager
@@ -187,13 +187,7 @@ def test_a_process_that_exits_with_its_cluster_running_stops_it_quietly(tmp_path
     roles = json.loads(done.stdout.strip().splitlines()[-1])
     pids = [pid for role in roles.values() for pid in role]
     assert len(roles.get("engines", [])) >= 2, roles  # engines and their nannies
-    procs = []
-    for pid in pids:
-        try:
-            procs.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            pass
-    left = wait_processes_gone(procs, hang_limit(10))
+    left = wait_gone(pids, hang_limit(10))
     assert not alive(left), alive(left)
     assert "Traceback" not in done.stderr, done.stderr
     # ipyparallel's own exit handler says this when it finds the cluster still running

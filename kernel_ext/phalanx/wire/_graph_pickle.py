@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping
 
 import cloudpickle.cloudpickle as _cloudpickle
 
-from ._tensor_pickle import _Pickler, flat_table, frame, storages_out_of_band, unframe
+from ._tensor_pickle import _Pickler, frame, storages_out_of_band, unframe
 
 if TYPE_CHECKING:
     import numpy as np
@@ -102,9 +102,9 @@ class GraphPacker:
 class _GraphPickler(_Pickler):
     def __init__(self, file: io.BytesIO, packer: GraphPacker, name: str,
                  buffer_callback: Callable[[pickle.PickleBuffer], object] | None = None) -> None:
-        # Read once by the C pickler when it starts: set before that
+        # Read once by the C pickler when it starts: set before that, flat (see flat_table)
         self._sources: dict[str, str | None] = {}  # a cell's source, written once per name
-        self.dispatch_table = {**flat_table(_cloudpickle.Pickler.dispatch_table),
+        self.dispatch_table = {**_cloudpickle.Pickler.dispatch_table,  # a ChainMap, unpacked
                                types.CodeType: self._code_reduce}
         super().__init__(file, storages=packer.storages, buffer_callback=buffer_callback)
         self._packer, self._name = packer, name

@@ -106,14 +106,9 @@ def flat_table(table: Mapping) -> dict:
     pickler looks up the type of every object it has no fast path for there, and a ChainMap
     answers in Python, with a KeyError for each miss (a warm re-run's packing of the
     benchmarks' MLP and data: 1.20 ms of CPU with it, 1.05 ms flat, measured).  Flattened per
-    pickler, so a reducer registered meanwhile still counts."""
-    maps = getattr(table, "maps", None)
-    if maps is None:
-        return dict(table)
-    flat: dict = {}
-    for mapping in reversed(maps):  # the first map wins, as in the ChainMap
-        flat.update(flat_table(mapping))
-    return flat
+    pickler, so a reducer registered meanwhile still counts.  A ChainMap's own lookup gives
+    each key its first map's value, nested ChainMaps included."""
+    return dict(table)
 
 
 class _Pickler(cloudpickle.Pickler):
@@ -121,9 +116,10 @@ class _Pickler(cloudpickle.Pickler):
 
     def __init__(self, file: io.BytesIO, storages: dict | None = None,
                  buffer_callback: Callable[[pickle.PickleBuffer], Any] | None = None) -> None:
-        # Read once by the C pickler when it starts: set before that (a subclass's own table,
-        # set on the instance, is flattened too)
-        self.dispatch_table = flat_table(self.dispatch_table)
+        # Read once by the C pickler when it starts: set before that (a subclass may set a
+        # flat table of its own on the instance first)
+        if type(self.dispatch_table) is not dict:
+            self.dispatch_table = flat_table(self.dispatch_table)
         super().__init__(file, protocol=5, buffer_callback=buffer_callback)
         # one _Storage per storage of this pickle, so the pickle memo writes it once and every
         # tensor on it is rebuilt on the same storage (``storages``: shared with the pickles of
