@@ -209,3 +209,12 @@ def test_a_failing_line_is_numbered_as_the_editor_numbers_the_cell(notebook, she
         run_cell(shell, "%%distributed_fit --no-widget\nx = 1\ny = 2\n"
                         "if rank == 1:\n    raise ValueError('bad batch')\n")
     assert 'line 5, in <module>\n    raise ValueError' in str(info.value).replace("\n        ", "\n    ")
+
+
+def test_the_cell_runs_as_the_notebook_runs_it_annotations_evaluated(notebook, shell):
+    # The engine's own module postpones annotations (a __future__ import): the cell must not
+    # inherit that, or a dataclass or pydantic model defined in it sees strings for types.
+    run_cell(shell, "%%distributed_fit --no-widget --return kinds\n"
+                    "def scaled(x: float) -> float:\n    return x\n"
+                    "kinds = [scaled.__annotations__['x'] is float] * 2\n")
+    assert shell.user_ns["kinds"] == [True, True]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -50,6 +51,21 @@ def test_the_log_keeps_the_newest_runs_only(tmp_path):
     assert len(names) < 3 + PRUNE_EVERY and names[-1] == "run-25"
     assert names == [f"run-{n}" for n in range(26 - len(names), 26)], "the oldest go first"
     assert log.next_number() == 26
+
+
+def test_pruning_spares_another_kernels_running_run_and_an_ended_run_is_not_brought_back(tmp_path):
+    other = RunLog(str(tmp_path), keep=2)
+    other.started("k1-1", 1, "run-1", "cell", 1)  # still running: its kernel (this process) lives
+    log = RunLog(str(tmp_path), keep=2)
+    for n in range(2, 2 + PRUNE_EVERY + 1):
+        log.started(f"k2-{n}", n, f"run-{n}", "cell", 1)
+        log.ended(f"k2-{n}", "done", 0.1)
+    names = [e["name"] for e in log.entries()]
+    assert names[0] == "run-1" and "run-2" not in names, names
+    log.started("k2-99", 99, "run-99", "cell", 1)
+    shutil.rmtree(tmp_path / "k2-99")  # pruned by another kernel while it ran
+    log.ended("k2-99", "done", 0.1)
+    assert not (tmp_path / "k2-99").exists(), "an ended run came back after it was pruned"
 
 
 def test_keep_setting_says_what_is_wrong(monkeypatch):

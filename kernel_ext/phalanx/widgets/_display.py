@@ -153,7 +153,8 @@ class RunDisplay:
         if view is not None and hasattr(view, "release"):
             view.release()
         if summary is not None:
-            self.line.replace_with(summary, metadata=summary.metadata)
+            # its bundle as is: IPython's formatters would try a dozen types to find these two
+            self.line.replace_with(summary.bundle(), metadata=summary.metadata, raw=True)
         else:  # the run never started (a refused cell): its error says it all
             self.line.clear()
         if view is not None and hasattr(view, "close"):

@@ -20,5 +20,13 @@ def widgets_available(shell: Any) -> bool:
     if shell is None or type(shell).__name__ != "ZMQInteractiveShell":
         return False
     # Found, not imported: jupyter_bokeh imports bokeh (about a second), which the run's
-    # first line and bars must not wait for; the plot imports it later.
-    return all(importlib.util.find_spec(name) is not None for name in ("ipywidgets", "jupyter_bokeh"))
+    # first line and bars must not wait for; the plot imports it later.  Found once, found for
+    # the session (a search of the path costs every run 0.1 ms); not found is asked again, as
+    # a package installed meanwhile counts.
+    if len(_found) < 2:
+        _found.extend(name for name in ("ipywidgets", "jupyter_bokeh")
+                      if name not in _found and importlib.util.find_spec(name) is not None)
+    return len(_found) == 2
+
+
+_found: list[str] = []  # of the two packages, those found so far

@@ -65,16 +65,16 @@ class StatusLine:
             self.text = text
             self._handle.update(_line_bundle(text), raw=True)
 
-    def replace_with(self, obj: Any, metadata: dict | None = None) -> None:
-        """Put ``obj`` (a widget, a summary, a table: anything IPython displays) in the line's
-        place; later calls replace it again.  Stops :meth:`follow`."""
+    def replace_with(self, obj: Any, metadata: dict | None = None, raw: bool = False) -> None:
+        """Put ``obj`` (a widget, a summary, a table: anything IPython displays; with ``raw``,
+        a mime bundle) in the line's place; later calls replace it again.  Stops :meth:`follow`."""
         self.stop_following()
         with self._lock:
             self.replaced = True
             if metadata:
-                self._handle.update(obj, metadata=metadata)
+                self._handle.update(obj, metadata=metadata, raw=raw)
             else:
-                self._handle.update(obj)
+                self._handle.update(obj, raw=raw)
 
     def clear(self) -> None:
         """Leave the slot empty (the work said what it had to say elsewhere, e.g. an error)."""

@@ -87,6 +87,10 @@ class RunSummary:
         return (f"{r.name}: {r.status} in {fmt_wall(r.wall_s)} on {r.world_size} rank(s){DOT}"
                 "no steps counted, no metrics logged")
 
+    def bundle(self) -> dict[str, str]:
+        """What IPython's display makes of it (its text and its HTML), built directly."""
+        return {"text/plain": repr(self), "text/html": self._repr_html_()}
+
     def __repr__(self) -> str:
         if self.trained_nothing():
             return self._one_line()

@@ -77,6 +77,12 @@ def notebook_folder(user_ns: dict | None, root: str | None = None) -> str:
     return os.path.join(root if root is not None else runs_root(), f"{stem or 'kernel'}-{digest}")
 
 
+def _run_order(folder: str) -> tuple[int, str]:
+    """A run folder's place, oldest first: its run's number (``<session>-<number>``)."""
+    number = folder.rpartition("-")[2]
+    return (int(number) if number.isdigit() else -1, folder)
+
+
 def _pid_alive(pid: Any) -> bool:
     try:
         os.kill(int(pid), 0)
@@ -92,6 +98,7 @@ class RunLog:
     def __init__(self, directory: str, keep: int = DEFAULT_KEEP) -> None:
         self.directory, self.keep = directory, keep
         self._started = 0  # runs started through this object: the oldest are pruned now and then
+        self._running: dict[str, dict] = {}  # entries this object wrote as started, until ended
 
     def history_dir(self, run_id: str) -> str:
         """Where ``run_id``'s metric history is written."""
@@ -105,10 +112,12 @@ class RunLog:
                 total_steps: int | None = None) -> None:
         """Record a run that has just started (status ``running``), then drop the oldest runs
         beyond :attr:`keep`."""
-        self._write({"run": run_id, "number": number, "name": name, "cell": cell[:MAX_CELL_CHARS],
-                     "started": time.time(), "wall_s": None, "status": "running",
-                     "world_size": world_size, "total_steps": total_steps, "metrics": {},
-                     "steps": {}, "error": None, "pid": os.getpid()})
+        entry = {"run": run_id, "number": number, "name": name, "cell": cell[:MAX_CELL_CHARS],
+                 "started": time.time(), "wall_s": None, "status": "running",
+                 "world_size": world_size, "total_steps": total_steps, "metrics": {},
+                 "steps": {}, "error": None, "pid": os.getpid()}
+        self._write(entry)
+        self._running[run_id] = entry
         if self._started % PRUNE_EVERY == 0:  # listing the folder costs more than a warm run
             self._prune()
         self._started += 1
@@ -117,7 +126,9 @@ class RunLog:
               metrics: dict[str, float] | None = None, error: str | None = None,
               world_size: int | None = None) -> None:
         """Record how ``run_id`` ended (nothing if it was never recorded or already pruned)."""
-        entry = self._read(run_id)
+        entry = self._running.pop(run_id, None)  # as written at the start: not read back
+        if entry is None or not os.path.isdir(os.path.join(self.directory, run_id)):
+            entry = self._read(run_id)  # started elsewhere, or pruned meanwhile (None)
         if entry is None:
             return
         entry.update(status=status, wall_s=wall_s, error=error,
@@ -162,13 +173,26 @@ class RunLog:
         folder = os.path.join(self.directory, entry["run"])
         os.makedirs(folder, exist_ok=True)
         path = os.path.join(folder, ENTRY)
+        data = json.dumps(entry)  # one write: json.dump writes each small piece on its own
         with open(path + ".tmp", "w") as f:
-            json.dump(entry, f)
+            f.write(data)
         os.replace(path + ".tmp", path)  # a reader never sees half an entry
 
     def _prune(self) -> None:
-        entries = self._read_all()
-        for old in entries[:max(0, len(entries) - max(self.keep, 1))]:
+        """Remove the oldest runs beyond :attr:`keep`.  Runs are ordered by their number, which
+        ends each folder's name: only the runs to remove are read (reading all 100 entries
+        took 2.4 ms, every tenth run)."""
+        try:
+            names = os.listdir(self.directory)
+        except OSError:
+            return
+        excess = len(names) - max(self.keep, 1)
+        if excess <= 0:
+            return
+        for name in sorted(names, key=_run_order)[:excess]:
+            old = self._read(name)
+            if old is None:
+                continue  # being written, or not a run's folder: left alone
             if old["status"] == "running" and _pid_alive(old.get("pid")):
                 continue  # another kernel's run that still goes
-            shutil.rmtree(os.path.join(self.directory, old["run"]), ignore_errors=True)
+            shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)

@@ -314,7 +314,14 @@ def _compile(body: str) -> Any:
     # for the %%distributed_fit line, so a frame's line number is the one the editor shows.
     source = "\n" + body
     linecache.cache[CELL_FILENAME] = (len(source), None, source.splitlines(True), CELL_FILENAME)
-    return compile(source, CELL_FILENAME, "exec")
+    if _last_compiled[0] != source:  # a re-run of the same cell: its code object, not compiled again
+        # dont_inherit: the cell's code does not take this module's __future__ imports (its
+        # annotations stay evaluated, as in the notebook)
+        _last_compiled[:] = [source, compile(source, CELL_FILENAME, "exec", dont_inherit=True)]
+    return _last_compiled[1]
+
+
+_last_compiled: list = [None, None]  # [source, code] of the last cell run on this engine
 
 
 def _poison_group(state: Any, exc: BaseException) -> None:

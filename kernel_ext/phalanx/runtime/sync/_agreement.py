@@ -188,7 +188,12 @@ def fingerprints(values: Sequence[Any]) -> np.ndarray:
     on_device: dict[Any, list[int]] = {}
     for i, value in enumerate(values):
         if torch is not None and isinstance(value, torch.Tensor):
-            on_device.setdefault(value.device, []).append(i)
+            small = _small_cpu_array(torch, value)
+            if small is not None:  # numpy's two sums: half the time of torch's two calls
+                out[2 * i:2 * i + 2] = (small.sum(dtype=np.float64),
+                                        np.abs(small).sum(dtype=np.float64))
+            else:
+                on_device.setdefault(value.device, []).append(i)
         else:
             array = np.asarray(value, dtype=np.float64)
             out[2 * i:2 * i + 2] = (array.sum(), np.abs(array).sum())
@@ -206,6 +211,24 @@ def fingerprints(values: Sequence[Any]) -> np.ndarray:
         for k, i in enumerate(indices):
             out[2 * i:2 * i + 2] = read[2 * k:2 * k + 2]
     return out
+
+
+# A CPU tensor up to this size is fingerprinted through numpy: torch's per-call overhead is most
+# of a small tensor's time (6 parameters of an MLP: 82 us vs 168 us), while a large one would pay
+# numpy's temporary copy for the magnitudes.  Every rank takes the same path for a tensor.
+_NUMPY_MAX_ELEMENTS = 1 << 16
+_NUMPY_DTYPES = ("float32", "float64", "float16")
+
+
+def _small_cpu_array(torch: Any, value: Any) -> np.ndarray | None:
+    """``value`` as a numpy array (no copy) when it is a small dense CPU float tensor."""
+    if (value.device.type != "cpu" or value.numel() > _NUMPY_MAX_ELEMENTS
+            or str(value.dtype).rpartition(".")[2] not in _NUMPY_DTYPES):
+        return None
+    try:
+        return value.detach().numpy()
+    except (RuntimeError, TypeError):  # a sparse or otherwise special tensor: torch's path
+        return None
 
 
 def same_prints(high: np.ndarray, low: np.ndarray) -> np.ndarray:

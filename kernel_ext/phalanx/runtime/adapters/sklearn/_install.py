@@ -105,7 +105,9 @@ def patch_namespace_estimators(run: RunContext, namespace: dict) -> int:
     """Synchronise the estimators with ``partial_fit`` the cell received (values of the
     namespace, and items of lists, tuples and dicts there); returns how many."""
     found = 0
-    for value in list(namespace.values()):
+    for name, value in list(namespace.items()):
+        if name.startswith("__"):  # the module's own (__builtins__: the builtins' dict)
+            continue
         if isinstance(value, dict):
             items = list(value.values())
         elif isinstance(value, (list, tuple)):
