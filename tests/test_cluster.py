@@ -76,6 +76,31 @@ def test_start_scale_restart_stop_through_the_magic(shell, capsys):
     assert "no cluster is running" in out
 
 
+def test_px_follows_the_cluster_across_stop_and_start(shell):
+    # ipyparallel binds %px to the first client of the kernel and never again: after a stop and
+    # a start it sent to the stopped client ("cannot be used after its sockets have been closed")
+    import gc
+    import weakref
+
+    from phalanx._session import session_for_shell
+
+    session = session_for_shell(shell)
+    session.cluster.stop()  # a cluster of an earlier test, stopped without the session's verb
+    run_cell(shell, "%cluster start -n 2 --gpus none")
+    run_cell(shell, "%px import os\n%px _px_pid = os.getpid()")
+    assert sorted(session.cluster.client[:].pull("_px_pid", block=True)) == sorted(engine_pids(session))
+    stopped = weakref.ref(session.cluster.client)
+    run_cell(shell, "%cluster stop")
+    with pytest.raises(UsageError, match="no cluster is running: start one with %cluster start"):
+        run_cell(shell, "%px x = 1")
+    gc.collect()
+    assert stopped() is None, "the shell still holds the stopped client, its sockets too"
+    run_cell(shell, "%cluster start -n 2 --gpus none")
+    run_cell(shell, "%px import os\n%px _px_pid = os.getpid()")
+    assert sorted(session.cluster.client[:].pull("_px_pid", block=True)) == sorted(engine_pids(session))
+    run_cell(shell, "%cluster stop")
+
+
 def test_start_while_running_says_so_and_keeps_the_cluster(cluster_session, shell, capsys):
     ids = cluster_session.cluster.engine_ids()
     run_cell(shell, "%cluster start -n 4")

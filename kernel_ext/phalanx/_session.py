@@ -23,6 +23,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
+from . import _px_magics as px_magics
 from . import events
 from ._bus import EventBus
 from ._dask_client import UserDask
@@ -140,6 +141,7 @@ class Session(RunHistoryQueries, RunRecords):
         with self._changing():
             self.cluster.start(n=n, gpus=gpus, launcher=launcher, profile=profile, timeout=timeout,
                                options=options)
+        px_magics.after_start(self.shell, self.cluster.client)  # %px: on these engines
         return self.status()
 
     @_serialised
@@ -186,9 +188,11 @@ class Session(RunHistoryQueries, RunRecords):
         self._stop_dask()
         if not self.cluster.running:
             return False
+        client = self.cluster.client
         with self._changing():
             stopped = self.cluster.stop()
         self.fits.release_listeners()
+        px_magics.after_stop(self.shell, client)  # %px: "no cluster is running"
         return stopped
 
     def forget(self, names: list[str] | None = None) -> tuple[str, ...]:
@@ -377,9 +381,11 @@ class Session(RunHistoryQueries, RunRecords):
 
     def close(self) -> None:
         """Stop everything this session started."""
+        client = self.cluster.client
         try:
             self._stop_dask()
             self.cluster.stop()
+            px_magics.after_stop(self.shell, client)
         finally:
             self.cluster.close_fork_server()
             self.fits.close()
