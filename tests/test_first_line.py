@@ -131,3 +131,31 @@ def test_a_refused_run_leaves_its_error_alone(kernel):
     slot = _display_id(outputs[0])
     last = [m for m in outputs if _display_id(m) == slot][-1]["content"]["data"]
     assert last == {"text/plain": ""}, "the first line stays only while there is work to say"
+
+
+LINE_THEN_SUMMARY = """
+import sys
+from phalanx.widgets._status_line import StatusLine
+_flushed = []
+for _stream in (sys.stdout, sys.stderr):
+    _stream.flush = lambda _real=_stream.flush, _name=_stream.name: (_flushed.append(_name), _real())[1]
+print("printed before the line")
+_line = StatusLine.show("a line")
+_line.say("rewritten with nothing printed")
+print("printed before the summary", file=sys.stderr)
+_line.replace_with({"text/plain": "the summary"}, raw=True)
+del sys.stdout.flush, sys.stderr.flush
+print("flushed:", _flushed)
+"""
+
+
+def test_text_printed_before_a_line_stays_before_it_and_nothing_else_waits_for_the_io_thread(kernel):
+    # Each display makes ipykernel flush both streams, each flush a wait on its IO thread; the
+    # line and the summary flush only a stream with text waiting, which then comes first.
+    cell = Cell(kernel, LINE_THEN_SUMMARY)
+    kinds = [(m["msg_type"], m["content"].get("text", "").strip()) for _, m in cell.messages
+             if m["msg_type"] in ("stream", "display_data", "update_display_data")]
+    assert kinds[:5] == [("stream", "printed before the line"), ("display_data", ""),
+                         ("update_display_data", ""), ("stream", "printed before the summary"),
+                         ("update_display_data", "")], kinds
+    assert "flushed: ['stdout', 'stderr']" in cell.said(), cell.said()

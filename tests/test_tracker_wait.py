@@ -76,3 +76,23 @@ def test_progress_is_sent_when_batches_arrive_and_seldom_while_none_do(monkeypat
     assert tick() == []
     assert tick(_tracker.IDLE_PROGRESS_S) == ["progress"]           # the clocks keep moving
     assert sent[-1]["ranks"][0]["step"] == 1
+
+
+def test_the_publisher_runs_only_between_start_and_stop_and_a_stopped_run_starts_none():
+    def publishers():
+        return [t for t in threading.enumerate() if t.name.startswith("phalanx-publish-wait-")]
+
+    events: list[dict] = []
+    quick = RunTracker("wait-quick", 2, None, events.append)
+    quick.on_batch({"rank": 0, "step": 1, "rows": [], "final": True})
+    quick.stop()   # a run over before its wait loop started the publisher: none was made
+    quick.start()  # asked too late: nothing starts
+    assert not publishers()
+    assert any(e["type"] == "progress" for e in events), "the stop published what came"
+
+    long = RunTracker("wait-long", 2, None, events.append)
+    long.start()
+    long.start()  # once
+    assert len(publishers()) == 1
+    long.stop()
+    assert not publishers()

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+import threading
+from typing import Any, Callable
 
 from .fit import FitRunner, FitUsageError
 from .fit.telemetry._run_log import DEFAULT_KEEP, RunLog, keep_setting, notebook_folder
 
 log = logging.getLogger("phalanx")
+_START_LOCK = threading.Lock()  # a run's start is written by its wait loop, or by runs() first
 
 
 def _final_means(record: Any) -> dict[str, float]:
@@ -34,6 +36,8 @@ class RunRecords:
 
     fits: FitRunner
     shell: Any
+    call_in_wait_loop: Callable[..., None]
+    _unwritten_start: list[Callable[[], None]]  # the running run's start, until in the log
 
     def run_log(self, user_ns: dict | None = None) -> RunLog:
         """The notebook's run log (opened on first use; ``user_ns`` tells which notebook)."""
@@ -50,11 +54,26 @@ class RunRecords:
         return self.fits.run_log
 
     def _record_started(self, tracker: Any, name: str, body: str) -> None:
+        """Written from the run's wait loop, while the engines work (a file written before the
+        dispatch held a warm re-run's engines back 0.5 ms), or at its end if sooner."""
         number = int(str(tracker.run_id).rsplit("-", 1)[1])
-        self._logged(lambda runs: runs.started(tracker.run_id, number, name, body,
-                                               tracker.world_size, tracker.total_steps))
+        self._unwritten_start = [lambda: self._logged(
+            lambda runs: runs.started(tracker.run_id, number, name, body, tracker.world_size,
+                                      tracker.total_steps))]
+        self.call_in_wait_loop(self._write_start)
+
+    def _write_start(self) -> None:
+        """Write the running run's start if it is not yet (any thread; one writes it, and the
+        others return once it is written)."""
+        with _START_LOCK:
+            try:
+                write = getattr(self, "_unwritten_start", []).pop()
+            except IndexError:
+                return
+            write()
 
     def _record_ended(self, run_id: str, error: BaseException | None) -> None:
+        self._write_start()  # a run that ended before its wait loop ran: its start first
         record = self.fits.last
         if record is not None and record.run_id == run_id:
             self._logged(lambda runs: runs.ended(run_id, record.status, record.wall_s,
@@ -80,6 +99,7 @@ class RunRecords:
         from ._background import runs_of
         from ._run_list import PastRun, RunList
 
+        self._write_start()  # a run started a moment ago is listed, running
         runs = self.run_log()
         handles = {h.run_id: h for h in runs_of(self)}
         return RunList(PastRun(entry, runs, handles.get(entry["run"])) for entry in runs.entries())

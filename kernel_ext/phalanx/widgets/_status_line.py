@@ -28,6 +28,8 @@ import threading
 import time
 from typing import Any, Callable
 
+from ._pending_flush import flushing_pending_only
+
 STYLE = "color:var(--jp-ui-font-color2,#666);font-size:0.9em"
 FOLLOW_INTERVAL_S = 0.5
 
@@ -53,7 +55,8 @@ class StatusLine:
         """Display ``text`` under the running cell now; the line to update later."""
         from IPython.display import display
 
-        line = cls(display(_line_bundle(text), raw=True, display_id=True))
+        with flushing_pending_only():
+            line = cls(display(_line_bundle(text), raw=True, display_id=True))
         line.text = text
         return line
 
@@ -63,7 +66,8 @@ class StatusLine:
             if self.replaced or text == self.text:
                 return
             self.text = text
-            self._handle.update(_line_bundle(text), raw=True)
+            with flushing_pending_only():
+                self._handle.update(_line_bundle(text), raw=True)
 
     def replace_with(self, obj: Any, metadata: dict | None = None, raw: bool = False) -> None:
         """Put ``obj`` (a widget, a summary, a table: anything IPython displays; with ``raw``,
@@ -71,17 +75,19 @@ class StatusLine:
         self.stop_following()
         with self._lock:
             self.replaced = True
-            if metadata:
-                self._handle.update(obj, metadata=metadata, raw=raw)
-            else:
-                self._handle.update(obj, raw=raw)
+            with flushing_pending_only():
+                if metadata:
+                    self._handle.update(obj, metadata=metadata, raw=raw)
+                else:
+                    self._handle.update(obj, raw=raw)
 
     def clear(self) -> None:
         """Leave the slot empty (the work said what it had to say elsewhere, e.g. an error)."""
         self.stop_following()
         with self._lock:
             self.replaced = True
-            self._handle.update({"text/plain": ""}, raw=True)
+            with flushing_pending_only():
+                self._handle.update({"text/plain": ""}, raw=True)
 
     def follow(self, describe: Callable[[float], str | None],
                interval_s: float = FOLLOW_INTERVAL_S) -> None:

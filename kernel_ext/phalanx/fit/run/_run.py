@@ -42,7 +42,7 @@ from ._recovery import Job, Recovery
 from ..telemetry._record import RunRecord
 from ._rendezvous import Rendezvous
 from ..telemetry._run_log import RunLog
-from ..telemetry._tracker import RunTracker
+from ..telemetry._tracker import PUBLISH_INTERVAL_S, RunTracker
 from ._waiter import Waiter
 from ._xgboost_tracker import xgboost_tracker
 
@@ -100,7 +100,8 @@ class FitRunner:
             self._emit(events.run_started(run_id, len(slots), opts.steps, opts.train.sync, name=job.name))
             if on_start is not None:
                 on_start(tracker, job.name)
-            tracker.start()
+            # its publisher thread once the run has gone on that long (a warm re-run is over first)
+            self.control.call_soon(tracker.start, PUBLISH_INTERVAL_S)
             if export is not None:
                 export.start()
             return self._attempts(job, slots, prepared, versions)

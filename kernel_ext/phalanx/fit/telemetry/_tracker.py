@@ -71,11 +71,18 @@ class RunTracker:
         self._arrived = threading.Condition(self._lock)  # wakes wait_final on every batch
         self._publish_lock = threading.Lock()
         self._stop = threading.Event()
-        self._publisher = threading.Thread(target=self._publish_loop, daemon=True,
-                                           name=f"phalanx-publish-{run_id}")
+        self._publisher: threading.Thread | None = None  # made by start()
 
     def start(self) -> None:
-        self._publisher.start()
+        """Start publishing (once; never after :meth:`stop`).  A run calls it from its wait loop
+        PUBLISH_INTERVAL_S after it began: a run over sooner starts no thread, and its views get
+        everything from :meth:`stop`."""
+        with self._publish_lock:  # not racing stop()
+            if self._stop.is_set() or self._publisher is not None:
+                return
+            publisher = self._publisher = threading.Thread(
+                target=self._publish_loop, daemon=True, name=f"phalanx-publish-{self.run_id}")
+        publisher.start()
 
     def on_batch(self, message: dict) -> None:
         """Called by the receiver thread for each batch of this run."""
@@ -201,14 +208,18 @@ class RunTracker:
             self._emit(events.metrics(self.run_id, [], means=rest))
 
     def _publish_loop(self) -> None:
-        while not self._stop.wait(PUBLISH_INTERVAL_S):
+        while True:  # what came before the start first: it starts PUBLISH_INTERVAL_S in
             self.publish()
+            if self._stop.wait(PUBLISH_INTERVAL_S):
+                return
 
     def stop(self) -> None:
         """Stop publishing, send the last update, raise collected metric warnings."""
-        self._stop.set()
-        if self._publisher.is_alive():
-            self._publisher.join(timeout=2)
+        with self._publish_lock:
+            self._stop.set()
+            publisher = self._publisher
+        if publisher is not None and publisher.is_alive():
+            publisher.join(timeout=2)
         self.drain()
         self.history.persist()  # a finished run's rows live on disk, not in the kernel's memory
         for message in dict.fromkeys(self.warnings):
