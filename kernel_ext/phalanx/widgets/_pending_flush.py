@@ -3,8 +3,8 @@
 ipykernel flushes stdout and stderr before every display message, so that text printed before
 a display is shown before it.  Each flush hands the stream to the kernel's IO thread and waits
 for it: two waits per display, whether or not anything was printed (120 us of CPU each on an
-idle 2-core machine, about 0.5 ms of wall time each while engines train; a warm re-run's first
-line and summary are two such displays).  A stream that holds no unsent text has nothing to
+idle 2-core machine; a warm re-run's first line took 1.06 ms with them, 0.25 ms without, and its
+summary is a second such display).  A stream that holds no unsent text has nothing to
 order, so inside :func:`flushing_pending_only` only a stream with text waiting is flushed.
 
 Text written before the display on this thread is waiting (ipykernel marks it as it is

@@ -77,12 +77,12 @@ class RunTracker:
         """Start publishing (once; never after :meth:`stop`).  A run calls it from its wait loop
         PUBLISH_INTERVAL_S after it began: a run over sooner starts no thread, and its views get
         everything from :meth:`stop`."""
-        with self._publish_lock:  # not racing stop()
+        with self._publish_lock:  # stop() then sees no thread, or one it joins
             if self._stop.is_set() or self._publisher is not None:
                 return
-            publisher = self._publisher = threading.Thread(
+            self._publisher = threading.Thread(
                 target=self._publish_loop, daemon=True, name=f"phalanx-publish-{self.run_id}")
-        publisher.start()
+            self._publisher.start()  # its first publish waits for this lock
 
     def on_batch(self, message: dict) -> None:
         """Called by the receiver thread for each batch of this run."""
