@@ -23,10 +23,11 @@ def widgets_available(shell: Any) -> bool:
     # first line and bars must not wait for; the plot imports it later.  Found once, found for
     # the session (a search of the path costs every run 0.1 ms); not found is asked again, as
     # a package installed meanwhile counts.
-    if len(_found) < 2:
-        _found.extend(name for name in ("ipywidgets", "jupyter_bokeh")
-                      if name not in _found and importlib.util.find_spec(name) is not None)
-    return len(_found) == 2
+    global _found
+    if not _found:
+        _found = all(importlib.util.find_spec(name) is not None
+                     for name in ("ipywidgets", "jupyter_bokeh"))
+    return _found
 
 
-_found: list[str] = []  # of the two packages, those found so far
+_found = False  # both packages found (then for the rest of the session)

@@ -100,8 +100,7 @@ class FitRunner:
             self._emit(events.run_started(run_id, len(slots), opts.steps, opts.train.sync, name=job.name))
             if on_start is not None:
                 on_start(tracker, job.name)
-            # its publisher thread once the run has gone on that long (a warm re-run is over first)
-            self.control.call_soon(tracker.start, PUBLISH_INTERVAL_S)
+            self.control.call_soon(tracker.start, PUBLISH_INTERVAL_S)  # a warm re-run: no thread
             if export is not None:
                 export.start()
             return self._attempts(job, slots, prepared, versions)

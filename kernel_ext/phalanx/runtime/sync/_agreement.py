@@ -217,13 +217,12 @@ def fingerprints(values: Sequence[Any]) -> np.ndarray:
 # of a small tensor's time (6 parameters of an MLP: 82 us vs 168 us), while a large one would pay
 # numpy's temporary copy for the magnitudes.  Every rank takes the same path for a tensor.
 _NUMPY_MAX_ELEMENTS = 1 << 16
-_NUMPY_DTYPES = ("float32", "float64", "float16")
 
 
 def _small_cpu_array(torch: Any, value: Any) -> np.ndarray | None:
     """``value`` as a numpy array (no copy) when it is a small dense CPU float tensor."""
     if (value.device.type != "cpu" or value.numel() > _NUMPY_MAX_ELEMENTS
-            or str(value.dtype).rpartition(".")[2] not in _NUMPY_DTYPES):
+            or value.dtype not in (torch.float32, torch.float64, torch.float16)):
         return None
     try:
         return value.detach().numpy()
