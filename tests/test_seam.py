@@ -142,6 +142,9 @@ class Answered:
     def done(self) -> bool:
         return True
 
+    def add_done_callback(self, fn) -> None:
+        fn(self)  # as a done concurrent.futures.Future does: at once
+
     def get(self, timeout: float | None = None) -> RankResult:
         return self.result
 

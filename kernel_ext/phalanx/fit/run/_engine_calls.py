@@ -33,6 +33,12 @@ class Undelivered:
     def ready(self) -> bool:
         return True
 
+    def done(self) -> bool:
+        return True
+
+    def add_done_callback(self, fn: Callable[[Any], object]) -> None:
+        fn(self)  # as a finished concurrent.futures.Future does: at once
+
     def get(self, timeout: float | None = None) -> Any:
         raise self.exc
 

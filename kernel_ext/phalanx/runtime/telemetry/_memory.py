@@ -135,6 +135,10 @@ class MemoryTracker:
     def due(self) -> bool:
         return self.interval_s > 0 and self._clock() >= self._next
 
+    def next_at(self) -> float:
+        """When the next sample is due, on this tracker's clock (monotonic by default)."""
+        return self._next
+
     def take(self) -> dict:
         """A new sample; the run's peaks follow it."""
         self._next = self._clock() + self.interval_s
