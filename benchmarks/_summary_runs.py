@@ -36,7 +36,9 @@ def _rerun_vs_round_trip_cell(d: dict, warm: float) -> list[dict]:
                      f"{cpu['warm_rerun_cpu_s'] * 1e3:.1f} ms vs "
                      f"{cpu['bare_round_trip_cell_cpu_s'] * 1e3:.1f} ms; an empty cell "
                      f"{cpu['empty_cell_cpu_s'] * 1e3:.1f} ms, the round trip alone "
-                     f"{cpu['bare_round_trip_cpu_s'] * 1e3:.1f} ms"))
+                     f"{cpu['bare_round_trip_cpu_s'] * 1e3:.1f} ms"
+                     + (f"; {cpu['threads_gone']} threads ended inside a block, their last part "
+                        "uncounted" if cpu.get("threads_gone") else "")))
     return rows
 
 

@@ -23,6 +23,7 @@ MLP (270 KB) and a 100 MB linear layer.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 from typing import Any
@@ -126,18 +127,23 @@ def cold_torchrun(repeats: int) -> tuple[dict, dict]:
     return stats(samples), torchrun.record()
 
 
-def cpu_seconds(pids: list[int]) -> float:
-    """User + system CPU time these processes have used so far (one that is gone counts 0)."""
-    import psutil
-
-    total = 0.0
+def thread_cpu_ns(pids: list[int]) -> dict[tuple[int, int], int]:
+    """Each thread of these processes: the nanoseconds it has run, the scheduler's own count
+    (a process's user and system times come in 10 ms clock ticks, which moved a block of ten
+    15 ms round-trip cells by 2 ms a cell; a process that is gone counts nothing)."""
+    out = {}
     for pid in pids:
         try:
-            times = psutil.Process(pid).cpu_times()
-        except psutil.NoSuchProcess:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
             continue
-        total += times.user + times.system
-    return total
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    out[(pid, int(tid))] = int(f.read().split()[0])
+            except OSError:  # a thread that ended meanwhile
+                continue
+    return out
 
 
 def cpu_per_cell(notebook, rounds: int, block: int) -> dict:
@@ -146,25 +152,30 @@ def cpu_per_cell(notebook, rounds: int, block: int) -> dict:
     of ``block`` cells of each kind, alternating kinds (in both orders) for ``rounds`` rounds:
     a busy moment, a collection of the kernel's heap or an engine's periodic work falls on
     every kind alike (one block per kind read 2.03x and 2.99x in two runs of the same code).
-    The kernel's clock ticks are 10 ms: over many blocks their rounding averages out.  The
+    Read per thread, in nanoseconds; a thread that ends inside a block takes its time since
+    the block began with it (counted in ``threads_gone``; none did in the runs so far).  The
     round trips run in one cell, so their kernel round trip is spread over all of them."""
     pids = json.loads(notebook.evaluate(PROCESS_IDS, "_json.dumps(_pids)").strip("'\""))
     kinds = [("warm_rerun_cpu_s", CELLS["warm_rerun_s"], block),
              ("empty_cell_cpu_s", CELLS["empty_cell_s"], block),
              ("bare_round_trip_cell_cpu_s", CELLS["bare_round_trip_cell_s"], block),
              ("bare_round_trip_cpu_s", None, block * 4)]
-    spent = {key: [] for key, _, _ in kinds}
+    spent: dict[str, list[float]] = {key: [] for key, _, _ in kinds}
+    gone = 0
     for i in range(rounds):
         for key, code, count in (kinds if i % 2 == 0 else kinds[::-1]):
-            before = cpu_seconds(pids)
+            before = thread_cpu_ns(pids)
             if code is None:
                 notebook.run(BARE_ROUND_TRIPS.format(repeats=count), timeout=300)
             else:
                 for _ in range(count):
                     notebook.run(code, timeout=120)
-            spent[key].append((cpu_seconds(pids) - before) / count)
+            after = thread_cpu_ns(pids)
+            gone += sum(1 for thread in before if thread not in after)
+            ns = sum(used - before.get(thread, 0) for thread, used in after.items())
+            spent[key].append(ns / 1e9 / count)
     per: dict[str, Any] = {key: statistics.fmean(values) for key, values in spent.items()}
-    per["blocks"], per["block_cells"] = spent, block
+    per["blocks"], per["block_cells"], per["threads_gone"] = spent, block, gone
     return per
 
 
