@@ -44,9 +44,10 @@ def test_a_row_logged_while_the_flusher_naps_goes_out_at_once(receiver_inbox, mo
         sender.set_step(1)
         _wait(lambda: batches, "the first progress batch")
         _wait(lambda: _metrics._FLUSHER.napping, "the flusher napping until the next one")
+        sent = len(batches)
         sender.set_step(2)   # progress alone does not wake it
         time.sleep(0.3)
-        assert [b["step"] for b in batches] == [1]
+        assert len(batches) == sent, [b["step"] for b in batches]
         sender.record(2, {"loss": 0.5})
         _wait(lambda: any(b["rows"] for b in batches), "the row logged during the nap")
         assert [b["rows"] for b in batches if b["rows"]] == [[[2, pytest.approx(time.time(), abs=60),

@@ -58,9 +58,9 @@ class Waiter:
         # Set by any rank's result as it arrives (on ipyparallel's thread): the nap waits on this
         # one event; concurrent.futures.wait set up waiters on every future at each poll (about
         # 125 us of the kernel's CPU a poll, measured during a 2-rank run)
-        self._arrived = threading.Event()
-        for ar in ars:
-            ar.add_done_callback(lambda _future: self._arrived.set())
+        arrived = self._arrived = threading.Event()
+        for ar in ars:  # the callback holds the event alone, not this waiter (no cycle)
+            ar.add_done_callback(lambda _future: arrived.set())
 
     def wait(self, results: dict[int, RankResult]) -> str:
         """Fill ``results`` (rank -> result) and return done|failed|timeout|interrupted|resized."""
