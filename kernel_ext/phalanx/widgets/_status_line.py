@@ -76,10 +76,7 @@ class StatusLine:
         with self._lock:
             self.replaced = True
             with flushing_pending_only():
-                if metadata:
-                    self._handle.update(obj, metadata=metadata, raw=raw)
-                else:
-                    self._handle.update(obj, raw=raw)
+                self._handle.update(obj, metadata=metadata or None, raw=raw)
 
     def clear(self) -> None:
         """Leave the slot empty (the work said what it had to say elsewhere, e.g. an error)."""

@@ -212,11 +212,15 @@ class MetricsSender:
         if _FLUSHER.napping:
             _FLUSHER.wake()
 
+    def _queued(self) -> bool:
+        """Rows, warnings or memory samples wait to be sent (the caller holds ``_lock``)."""
+        return bool(self._rows or self._warnings or self._samples)
+
     def idle_for(self) -> float:
         """Seconds until a batch is due with nothing queued: the next progress batch or memory
         sample; 0 when something waits to be sent."""
         with self._lock:
-            if self._rows or self._warnings or self._samples or not self._total_sent:
+            if self._queued() or not self._total_sent:
                 return 0.0
         now = time.monotonic()
         due = self._sent_at + _PROGRESS_INTERVAL_S
@@ -248,7 +252,7 @@ class MetricsSender:
 
     def _send(self, final: bool) -> None:
         with self._lock:
-            progress_only = not (self._rows or self._warnings or self._samples)
+            progress_only = not self._queued()
         if (progress_only and not final and self._total_sent
                 and time.monotonic() - self._sent_at < _PROGRESS_INTERVAL_S):
             return  # the step-time breakdown waits in the clock for the next batch
