@@ -60,6 +60,7 @@ from ._grad_buckets import Bucket, BucketLayout
 from ._join import KIND_GRADIENTS, JoinControl, RoundInfo
 from ...wire._lazy_params import is_lazy
 from ._overlap import CommThread
+from ._param_snapshot import ParamSnapshot
 from ._training_watch import framework_synced
 
 if TYPE_CHECKING:
@@ -91,7 +92,7 @@ class GradientSync:
         self._hooks: dict[int, RemovableHandle] = {}  # id(param) -> hook handle
         self._suppressed: dict[int, int] = {}      # id(param) -> open no_sync contexts
         self._layout: BucketLayout | None = None   # kept between passes
-        self._layout_key: list = []
+        self._layout_seen: ParamSnapshot | None = None  # the parameters it was laid out for
         self._pass: _Pass | None = None
         self._comm = CommThread()
         self._modules: list = []                   # modules with buffers, in first-forward order
@@ -99,6 +100,7 @@ class GradientSync:
         # finds them once there are gradients to average; one rank has no one to give them to
         self.forward_watch = ForwardWatch(self._on_forward) if run.world_size > 1 else None
         self._clock = getattr(run.metrics, "clock", None)  # a StepClock, where the run has one
+        self._snapshot: ParamSnapshot | None = None  # what the last refresh() worked from
 
     def track(self, optimizer: torch.optim.Optimizer, strategy: SyncStrategy) -> None:
         """Average ``optimizer``'s gradients through ``strategy`` at the end of each backward."""
@@ -147,6 +149,20 @@ class GradientSync:
             self._hooks.pop(key).remove()
         if added and self.forward_watch is not None:
             self.forward_watch.open()  # new parameters may come with new modules: look again
+        self._snapshot = ParamSnapshot(self._held(), len(self.run.ddp_param_ids))
+
+    def refresh_if_changed(self) -> None:
+        """:meth:`refresh` where what it works from changed since the last one: which
+        parameters the tracked optimizers hold, their requires_grad and class, the parameters
+        DDP took over (every optimizer step asks; see :mod:`._param_snapshot`)."""
+        if self._snapshot is None or not self._snapshot.holds(self._held(),
+                                                              len(self.run.ddp_param_ids)):
+            self.refresh()
+
+    def _held(self) -> list:
+        """Every parameter the tracked optimizers (and the adopted group) hold, as listed."""
+        return [p for _strategy, holder in self._groups for group in holder.param_groups
+                for p in group["params"]]
 
     def step_ended(self) -> None:
         """An optimizer step ended: the modules that ran since the window opened are known
@@ -362,12 +378,13 @@ class GradientSync:
         return groups
 
     def _current_layout(self) -> BucketLayout:
-        """The bucket layout of the parameters as they are now (rebuilt when they changed)."""
-        groups = self._param_groups()
-        key = [id(p) for _s, params in groups for p in params]
-        if self._layout is None or key != self._layout_key or self._layout.moved():
-            self._layout = BucketLayout(groups, self.run.train.bucket_bytes)
-            self._layout_key = key
+        """The bucket layout of the parameters as they are now: rebuilt when they changed
+        (which ones and in what state, :mod:`._param_snapshot`; their dtype or device)."""
+        held, taken = self._held(), len(self.run.ddp_param_ids)
+        if self._layout is None or self._layout_seen is None or \
+                not self._layout_seen.holds(held, taken) or self._layout.moved():
+            self._layout = BucketLayout(self._param_groups(), self.run.train.bucket_bytes)
+            self._layout_seen = ParamSnapshot(held, taken)
         return self._layout
 
 

@@ -29,6 +29,7 @@ from ._join import KIND_CHECK, KIND_GRADIENTS
 from ...wire._lazy_params import is_lazy
 from ..adapters import wrap_estimator
 from ..run._engine_state import RunContext, current_run, engine_state
+from ._param_snapshot import ParamSnapshot
 from ._strategies import run_strategy
 from ._training_watch import TrainingWatch, framework_synced, is_dtensor
 
@@ -66,6 +67,8 @@ class StepHooks:
         # id(optimizer) -> its parameters, from a step's pre-hook to its post-hook (listed once
         # a step: the list is a measurable part of a short step's hook time)
         self._stepping: dict[int, list] = {}
+        # id(optimizer) -> its parameters as held and as synced, listed again when they change
+        self._listed: dict[int, tuple[ParamSnapshot, list]] = {}
         # id(optimizer) -> (the shape it was judged at, whether a framework owns all it holds)
         self._owned: dict[int, tuple[tuple[int, list[int]], bool]] = {}
         # What trains, found as the cell runs (not only what optimizers hold): see
@@ -111,6 +114,7 @@ class StepHooks:
             handle.remove()
         self._handles = []
         self._stepping.clear()
+        self._listed.clear()
         self._owned.clear()
         if self.watch is not None:
             self.watch.remove()
@@ -150,9 +154,20 @@ class StepHooks:
         self.grads.check_closed()
         if self._framework_owned(key, optimizer):
             return
-        self.grads.refresh()  # add_param_group, requires_grad switched on
-        params = self._stepping[key] = _optimizer_params(optimizer)  # the post-hook's too
+        self.grads.refresh_if_changed()  # add_param_group, requires_grad switched on
+        params = self._stepping[key] = self._synced_params(key, optimizer)  # the post-hook's too
         self.run.strategies[key].before_step(params, self.run.steps)
+
+    def _synced_params(self, key: int, optimizer: torch.optim.Optimizer) -> list:
+        """``_optimizer_params(optimizer)``, listed again only when the optimizer's parameters
+        changed (:mod:`._param_snapshot`); a copy each step, the strategy's to keep."""
+        held = [p for group in optimizer.param_groups for p in group["params"]]
+        listed = self._listed.get(key)
+        if listed is None or not listed[0].holds(held):
+            # what _optimizer_params leaves out (DTensors, lazy ones) shows in their class
+            listed = self._listed[key] = (ParamSnapshot(held, requires_grad=False),
+                                          _optimizer_params(optimizer))
+        return list(listed[1])
 
     def _framework_owned(self, key: int, optimizer: torch.optim.Optimizer) -> bool:
         """Whether a framework keeps every parameter of ``optimizer`` in step (a DDP model's,
