@@ -438,3 +438,63 @@ def test_steps_list_parameters_again_only_when_they_change(two_engines, shell):
     # before the first step (the optimizer joins), at it, and where add_param_group changed them
     assert set(steps["refresh"]) <= {-1, 0, 10} and 10 in steps["refresh"], steps
     assert set(steps["layout"]) <= {0, 10} and 10 in steps["layout"], steps
+
+
+FOLDS = """
+import phalanx.runtime.sync._grad_sync as _grad_sync
+averaged, steps_after, models = [], [], []
+_reduce = _grad_sync.GradientSync._reduce
+def _counted(self, buckets):
+    averaged.append(sum(len(b.params) for b in buckets))
+    _reduce(self, buckets)
+_grad_sync.GradientSync._reduce = _counted
+try:
+    torch.manual_seed(0)
+    for fold in range(3):
+        net = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        for step in range(6):
+            opt.zero_grad()
+            ((net(X).squeeze(1) - y) ** 2).mean().backward()
+            opt.step()
+        models.append(net)
+        if world_size > 1:
+            steps_after.append(__import__("phalanx").runtime.run._engine_state.current_run().steps)
+finally:
+    _grad_sync.GradientSync._reduce = _reduce
+"""
+
+
+@pytest.mark.parametrize("sync", ["allreduce", "localsgd"])
+def test_models_trained_one_after_another_count_steps_and_average_only_the_current_one(
+        two_engines, shell, sync):
+    """k-fold in one cell: the run's steps go on counting through every fold (they stopped at
+    the first model's, and localsgd then kept one step index), each model trains as in one
+    process (allreduce), and a pass averages the model it trains, not every earlier one too."""
+    ns = _fit(shell, f"--sync {sync} --return models,averaged,steps_after", FOLDS)
+    assert ns["steps_after"] == [6, 12, 18]
+    if sync == "allreduce":
+        ref = _single_process(FOLDS)
+        for got, want in zip(ns["models"], ref["models"]):
+            np.testing.assert_allclose(_params(got), _params(want), atol=1e-5)
+        assert ns["averaged"] == [4] * 18  # each pass: the current model's 4 parameters
+
+
+CRITIC = """
+from phalanx.runtime.run._engine_state import current_run
+torch.manual_seed(0)
+G, D = torch.nn.Linear(4, 6), torch.nn.Linear(6, 1)
+opt_g = torch.optim.SGD(G.parameters(), lr=0.01)
+opt_d = torch.optim.SGD(D.parameters(), lr=0.01)  # made second, stepped three times as often
+counted = []
+for it in range(4):
+    for _ in range(3):
+        opt_d.zero_grad(); D(G(X[:, :4]).detach()).mean().backward(); opt_d.step()
+    opt_g.zero_grad(); (-D(G(X[:, :4]))).mean().backward(); opt_g.step()
+    counted.append(current_run().steps)
+"""
+
+
+def test_optimizers_made_before_the_loop_keep_the_first_ones_steps(two_engines, shell):
+    ns = _fit(shell, "--return counted", CRITIC)
+    assert ns["counted"] == [1, 2, 3, 4]  # the generator's steps, as before

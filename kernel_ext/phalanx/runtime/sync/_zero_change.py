@@ -56,7 +56,14 @@ class StepHooks:
         self.run = run
         self._handles: list = []
         self.live = False  # between install and remove
+        # The optimizer whose steps are the run's steps (see _takes_over), and when each one
+        # was attached and last stepped, counted in optimizer steps of any optimizer
         self._primary: int | None = None
+        self._was_primary: set[int] = set()
+        self._serial = 0            # optimizer steps so far, every optimizer's
+        self._primary_last = 0      # _serial at the primary's last step (0: none yet)
+        self._born: dict[int, int] = {}
+        self._last: dict[int, int] = {}
         assert run.join is not None   # set as the run starts
         self.grads = run.grad_sync = GradientSync(run, run.join)
         # The hooks run at every optimizer step: what they need is looked up once, here and at
@@ -136,8 +143,10 @@ class StepHooks:
             self._skip.add(key)
         elif strategy.averages_gradients:
             self.grads.track(optimizer, strategy)
+        self._born[key] = self._serial
         if self._primary is None:
             self._primary = key
+            self._was_primary.add(key)
             if self._clock is not None:  # the first step's time starts once there is an optimizer
                 self._clock.begin()
 
@@ -203,7 +212,13 @@ class StepHooks:
                 assert run.join is not None   # set as the run starts
                 run.join.round(after_step_kind(run, strategy), run.steps, run.steps)
             strategy.after_step(params, run.steps)
+        self._serial += 1
+        if key != self._primary and self._takes_over(key):
+            self._primary = key
+            self._was_primary.add(key)
+        self._last[key] = self._serial
         if key == self._primary:
+            self._primary_last = self._serial
             self.grads.step_ended()
             run.steps += 1
             if run.metrics is not None:
@@ -213,6 +228,24 @@ class StepHooks:
             check_every_steps(run)
         elif self._clock is not None:
             self._clock.mark("other_s")
+
+
+    def _takes_over(self, key: int) -> bool:
+        """Whether optimizer ``key``, stepping now, becomes the one whose steps count.
+
+        The first optimizer attached counts the run's steps (its step index for the strategies,
+        progress, ``--check-every``, commits).  One attached after that optimizer's last step,
+        which steps before it steps again, is a new model trained after the last (k-fold,
+        a second phase of fine-tuning): its steps count from then on, where before the run's
+        steps stopped at the first model's (and ``localsgd`` kept one step index: averaged at
+        every step, or never).  An optimizer that counted before counts again when it steps
+        twice with no step of the counting one in between.  Optimizers made before the loop
+        and stepped in turn (a GAN's, a critic stepped five times a generator step) keep the
+        first.  Every rank decides alike: it depends only on the order of steps and attaches."""
+        last = self._primary_last
+        new_phase = 0 < last <= self._born.get(key, 0)
+        resumed = key in self._was_primary and last <= self._last.get(key, -1)
+        return new_phase or resumed
 
 
 def after_step_kind(run: RunContext, strategy: SyncStrategy) -> int:
