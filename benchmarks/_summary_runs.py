@@ -250,7 +250,11 @@ _STEP_COST_ROWS = [  # (ratio key, what it compares, target: None where only rep
     ("run_vs_engine_1", "1 worker: the loop in a run vs the same loop in the engine", 0.97),
     ("wrap_run_vs_engine_ddp_2", "2 workers: wrap() in a run vs the same DDP loop in the engines",
      0.97),
+    ("wrap_run_vs_torchrun_ddp_2", "2 workers: wrap() in a run vs the same DDP loop under "
+     "torchrun", 0.97),
     ("engine_vs_plain_1", "1 worker: the loop in the engine vs in the benchmark's process", None),
+    ("engine_ddp_vs_torchrun_2", "2 workers: the DDP loop in the engines vs under torchrun",
+     None),
 ]
 
 
@@ -260,7 +264,9 @@ def _step_cost(d: dict) -> list[dict]:
     clock beside), then the run's per-step microseconds by component."""
     rows = []
     for key, what, target in _STEP_COST_ROWS:
-        r = d["ratios"][key]
+        r = d["ratios"].get(key)
+        if r is None:  # results written before torchrun was one of the places
+            continue
         if "own_us" not in r:  # results written before the collective threads were told apart
             r = {**r, "own_us": {**r["process_us"], "ci95": None}}
         own, cpu, wall, ins = r["own_us"], r["process_us"], r["wall_us"], r.get("instructions")

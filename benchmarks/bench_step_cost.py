@@ -8,7 +8,8 @@ same engines, alternating.
 - run: the loop as the body of a ``%%distributed_fit`` cell (the run's own cost against engine).
 
 For 2 workers the same with ``wrap()`` (DDP): the DDP loop in both engines over the group a run
-left warm, against ``wrap()`` in a run.  Each block is one loop of STEPS steps; the places
+left warm, and under torchrun (one launch whose workers stay up, ``_torchrun.ServedTorchrun``),
+against ``wrap()`` in a run.  Each block is one loop of STEPS steps; the places
 alternate, in both orders, BLOCKS times.  A ratio is engine/run CPU per step (>= 0.97x: the run
 costs at most 3% more): the median of the paired blocks' ratios, decided by its 95% interval
 (a target inside it is undecided), for the CPU time of the process less torch's collective
@@ -34,11 +35,14 @@ from __future__ import annotations
 import contextlib
 import io
 import statistics
+import tempfile
+from pathlib import Path
 from typing import Any
 
-from _common import median_interval, parse_args, save
+from _common import HERE, median_interval, parse_args, save
 from _models import make_data, make_mlp
 from _step_cost_loop import timed_loop
+from _torchrun import ServedTorchrun
 
 BATCH = 32
 RUN_BODY = """
@@ -62,6 +66,23 @@ def engine_loop(steps: int, batch: int, ddp: bool) -> dict[str, Any]:  # runs on
     if ddp:
         net = DistributedDataParallel(net)
     return timed_loop(net, X[rank::world], y[rank::world], steps, batch)
+
+
+# The same DDP loop under torchrun, as the served launch's workers run it (rank 0's costs)
+TORCHRUN_LOOP = """
+import sys
+sys.path.insert(0, {here!r})
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from _models import make_data, make_mlp
+from _step_cost_loop import timed_loop
+if not dist.is_initialized():
+    dist.init_process_group("gloo")
+world, rank = dist.get_world_size(), dist.get_rank()
+X, y = make_data({steps} * {batch} * world)
+figure = timed_loop(DistributedDataParallel(make_mlp()), X[rank::world], y[rank::world],
+                    {steps}, {batch})
+"""
 
 
 def run_loop(session: Any, steps: int, workers: int) -> dict[str, Any]:
@@ -228,11 +249,20 @@ def main(argv: list[str] | None = None) -> dict:
         # A 1-worker run leaves a group of one on its engine: the 2-worker blocks come after
         # them, the first behind a warm-up run that leaves the 2-rank group the DDP loop uses.
         run_loop(session, 20, 2)
-        two_workers = {
-            "run_wrap": lambda: run_loop(session, steps, 2),
-            "engine_ddp": lambda: both.apply_sync(engine_loop, steps, BATCH, True)[0],
-        }
-        alternate(places, two_workers, blocks)
+        with tempfile.TemporaryDirectory(prefix="bench-step-cost-") as folder:
+            served = ServedTorchrun(Path(folder))
+            try:
+                script = Path(folder) / "ddp_loop.py"
+                script.write_text(TORCHRUN_LOOP.format(here=str(HERE), steps=steps, batch=BATCH))
+                served.run(script)  # warm: imports, the process group
+                two_workers = {
+                    "run_wrap": lambda: run_loop(session, steps, 2),
+                    "engine_ddp": lambda: both.apply_sync(engine_loop, steps, BATCH, True)[0],
+                    "torchrun_ddp": lambda: served.run(script),
+                }
+                alternate(places, two_workers, blocks)
+            finally:
+                served.close()
         tiny_steps, tiny_reps = (300, 2) if args.quick else (1500, 3)
         # 1 worker first: its run leaves a group of one on rank 0's engine, and each 2-worker
         # pair begins with the run (the first pair's leaves the 2-rank group DDP needs)
@@ -259,7 +289,9 @@ def main(argv: list[str] | None = None) -> dict:
         "ratios": {"run_vs_engine_1": compare(places, "engine", "run"),
                    "engine_vs_plain_1": compare(places, "plain", "engine"),
                    "run_vs_plain_1": compare(places, "plain", "run"),
-                   "wrap_run_vs_engine_ddp_2": compare(places, "engine_ddp", "run_wrap")},
+                   "wrap_run_vs_engine_ddp_2": compare(places, "engine_ddp", "run_wrap"),
+                   "wrap_run_vs_torchrun_ddp_2": compare(places, "torchrun_ddp", "run_wrap"),
+                   "engine_ddp_vs_torchrun_2": compare(places, "torchrun_ddp", "engine_ddp")},
         "components": components,
         "fixed_cost": fixed,
         "target": ">= 0.97x by CPU time per step (the process less torch's collective threads)",
