@@ -229,7 +229,6 @@ class StepHooks:
         elif self._clock is not None:
             self._clock.mark("other_s")
 
-
     def _takes_over(self, key: int) -> bool:
         """Whether optimizer ``key``, stepping now, becomes the one whose steps count.
 
