@@ -57,11 +57,11 @@ import numpy as np
 
 from ._forward_watch import ForwardWatch
 from ._grad_buckets import Bucket, BucketLayout
-from ._join import KIND_GRADIENTS, JoinControl, RoundInfo
-from ...wire._lazy_params import is_lazy
+from ._grad_groups import (Adopted, bucket_per_call, held, param_groups,
+                           skips_untouched)
+from ._join import KIND_GRADIENTS, JoinControl, RoundInfo, mean_scale
 from ._overlap import CommThread
 from ._param_snapshot import ParamSnapshot
-from ._training_watch import framework_synced
 
 if TYPE_CHECKING:
     import torch
@@ -87,8 +87,8 @@ class GradientSync:
     def __init__(self, run: RunContext, join: JoinControl) -> None:
         self.run, self.join = run, join
         # (strategy, optimizer), in attach order
-        self._groups: list[tuple[SyncStrategy, torch.optim.Optimizer | _Adopted]] = []
-        self._adopted: _Adopted | None = None      # parameters trained without an optimizer
+        self._groups: list[tuple[SyncStrategy, torch.optim.Optimizer | Adopted]] = []
+        self._adopted: Adopted | None = None      # parameters trained without an optimizer
         self._hooks: dict[int, RemovableHandle] = {}  # id(param) -> hook handle
         self._suppressed: dict[int, int] = {}      # id(param) -> open no_sync contexts
         self._unaveraged: set[int] = set()         # ids whose .grad grew under no_sync since
@@ -116,7 +116,7 @@ class GradientSync:
         if self._adopted is None:
             from ._strategies import run_strategy
 
-            self._adopted = _Adopted()
+            self._adopted = Adopted()
             self._groups.append((run_strategy(self.run), self._adopted))
         self._adopted.add(params)
         self.refresh()
@@ -127,7 +127,7 @@ class GradientSync:
 
     def trained_params(self) -> list:
         """Every parameter whose gradients this run averages (for the agreement check)."""
-        return [p for _strategy, params in self._param_groups() for p in params]
+        return [p for _strategy, params in param_groups(self._groups, self.run) for p in params]
 
     def synced_buffers(self) -> list:
         """The buffers every rank gets from rank 0 after each backward pass."""
@@ -140,7 +140,7 @@ class GradientSync:
         per parameter in every backward pass for nothing."""
         added = False
         current = set()
-        for _strategy, params in self._param_groups():
+        for _strategy, params in param_groups(self._groups, self.run):
             for p in params:
                 current.add(id(p))
                 if id(p) not in self._hooks:
@@ -150,20 +150,15 @@ class GradientSync:
             self._hooks.pop(key).remove()
         if added and self.forward_watch is not None:
             self.forward_watch.open()  # new parameters may come with new modules: look again
-        self._snapshot = ParamSnapshot(self._held(), len(self.run.ddp_param_ids))
+        self._snapshot = ParamSnapshot(held(self._groups), len(self.run.ddp_param_ids))
 
     def refresh_if_changed(self) -> None:
         """:meth:`refresh` where what it works from changed since the last one: which
         parameters the tracked optimizers hold, their requires_grad and class, the parameters
         DDP took over (every optimizer step asks; see :mod:`._param_snapshot`)."""
-        if self._snapshot is None or not self._snapshot.holds(self._held(),
+        if self._snapshot is None or not self._snapshot.holds(held(self._groups),
                                                               len(self.run.ddp_param_ids)):
             self.refresh()
-
-    def _held(self) -> list:
-        """Every parameter the tracked optimizers (and the adopted group) hold, as listed."""
-        return [p for _strategy, holder in self._groups for group in holder.param_groups
-                for p in group["params"]]
 
     def step_ended(self) -> None:
         """An optimizer step ended: the modules that ran since the window opened are known
@@ -276,7 +271,7 @@ class GradientSync:
         mode = self.run.train.overlap
         if mode == "off" or len(layout.buckets) < 2:
             return False
-        if not self._bucket_per_call():
+        if not bucket_per_call(self._groups):
             return False
         if any(b.flat.device.type != "cpu" for b in layout.buckets):
             return False
@@ -311,7 +306,7 @@ class GradientSync:
         if self._clock is not None:  # only the part of the averaging backward did not hide
             self._clock.cut("collective_s", began, time.perf_counter())
         layout, suppressed = current.layout, self._suppressed
-        if self._skips_untouched(layout, current.overlap):
+        if skips_untouched(self._groups, current.overlap):
             unaveraged = self._unaveraged
             here = [bucket.count > 0 or bool(unaveraged) and any(
                 id(p) in unaveraged for p in bucket.params) for bucket in layout.buckets]
@@ -327,7 +322,7 @@ class GradientSync:
             used, _ = self._agree(layout.params, [], shadow=False)
         params = layout.params
         keep = set(suppressed) | {id(params[i]) for i in np.flatnonzero(~used)}
-        scale = _join_scale(current.info, self.join.world_size)
+        scale = mean_scale(current.info, self.join.world_size)
         for bucket in chosen:  # a parameter no rank has a gradient for stays at None,
             bucket.write_back(scale, keep)  # as in one process (optimizers then skip it)
             if self._unaveraged:
@@ -335,26 +330,12 @@ class GradientSync:
                                                    if id(p) not in suppressed)
         self._broadcast_buffers()
 
-    def _skips_untouched(self, layout: BucketLayout, overlap: bool) -> bool:
-        """Whether a pass leaves out the buckets no rank gave anything new: their ``.grad``
-        holds the last average on every rank, and a mean of equal values changes nothing.  A
-        loop that trains models one after another keeps the earlier ones' parameters in the
-        layout; averaging them again at every pass cost about 1.5 ms a step per earlier
-        100-parameter model (measured).  Only where every group averages with the built-in
-        mean (a user strategy may keep state per call), and not with ``--overlap`` (full buckets
-        go out during the pass, before the ranks can agree on the rest).  The same answer on
-        every rank, a finished one's shadow included."""
-        from ._strategies import AllreduceSync
-
-        mean = AllreduceSync.average_gradients
-        return not overlap and all(type(s).average_gradients is mean for s, _ in self._groups)
-
     def shadow(self) -> None:
         """A finished rank's part in another rank's gradient round: the same collectives, with
         zeros, results dropped."""
         layout = self._current_layout()
         chosen = layout.buckets
-        if self._skips_untouched(layout, self._overlaps(layout)):
+        if skips_untouched(self._groups, self._overlaps(layout)):
             _, touched = self._agree(layout.params, [False] * len(chosen), shadow=True)
             chosen = [bucket for bucket, t in zip(chosen, touched) if t]
         for bucket in chosen:
@@ -371,7 +352,7 @@ class GradientSync:
     def _reduce_all(self, buckets: list[Bucket]) -> None:
         """Average ``buckets`` on this thread: one call per bucket where the strategy takes them
         one by one (as the gradient thread does), else one call per strategy with all of its."""
-        if self._bucket_per_call():
+        if bucket_per_call(self._groups):
             for bucket in buckets:
                 self._reduce([bucket])
             return
@@ -379,10 +360,6 @@ class GradientSync:
             mine = [b for b in buckets if b.owner == owner]
             if mine:
                 self._reduce(mine)
-
-    def _bucket_per_call(self) -> bool:
-        """Whether every strategy takes its buckets one by one (``buckets_independent``)."""
-        return all(getattr(s, "buckets_independent", False) for s, _ in self._groups)
 
     def _agree(self, params: list, touched: list[bool], shadow: bool
                ) -> tuple[np.ndarray, np.ndarray]:
@@ -404,58 +381,18 @@ class GradientSync:
             assert self.run.collectives is not None   # set as the run starts
             self.run.collectives.broadcast(buffers, src=0)
 
-    def _param_groups(self) -> list[tuple[SyncStrategy, list]]:
-        """Each strategy's parameters (a parameter in two optimizers counts for the first)."""
-        seen: set[int] = set()
-        groups = []
-        for strategy, optimizer in self._groups:
-            params = []
-            for p in _strategy_params(optimizer, self.run):
-                if id(p) not in seen:
-                    seen.add(id(p))
-                    params.append(p)
-            groups.append((strategy, params))
-        return groups
-
     def _current_layout(self) -> BucketLayout:
         """The bucket layout of the parameters as they are now: rebuilt when they changed
         (which ones and in what state, :mod:`._param_snapshot`; their dtype or device)."""
-        held, taken = self._held(), len(self.run.ddp_param_ids)
+        now, taken = held(self._groups), len(self.run.ddp_param_ids)
         if self._layout is None or self._layout_seen is None or \
-                not self._layout_seen.holds(held, taken) or self._layout.moved():
-            self._layout = BucketLayout(self._param_groups(), self.run.train.bucket_bytes)
-            self._layout_seen = ParamSnapshot(held, taken)
+                not self._layout_seen.holds(now, taken) or self._layout.moved():
+            self._layout = BucketLayout(param_groups(self._groups, self.run),
+                                        self.run.train.bucket_bytes)
+            self._layout_seen = ParamSnapshot(now, taken)
         return self._layout
-
-
-class _Adopted:
-    """Parameters trained without an optimizer phalanx saw, shaped like one (``param_groups``)."""
-
-    def __init__(self) -> None:
-        self.param_groups: list[dict] = [{"params": []}]
-        self._ids: set[int] = set()
-
-    def add(self, params: list) -> None:
-        for p in params:
-            if id(p) not in self._ids:
-                self._ids.add(id(p))
-                self.param_groups[0]["params"].append(p)
 
 
 _ABANDONED = ("a backward() pass raised after phalanx had begun averaging its gradients, and the "
               "loop went on: the ranks can no longer agree on their collectives. Let the error "
               "end the cell (or raise it before backward()), then run the cell again.")
-
-
-def _strategy_params(optimizer: torch.optim.Optimizer | _Adopted, run: RunContext) -> list:
-    """The optimizer's parameters that take gradients and that no DDP wrapper averages (a lazy
-    one joins once its module's first forward gave it values)."""
-    return [p for group in optimizer.param_groups for p in group["params"]
-            if p.requires_grad and not framework_synced(run, p) and not is_lazy(p)]
-
-
-def _join_scale(info: RoundInfo | None, world_size: int) -> float | None:
-    """Joined ranks gave zeros: rescale a world-size mean to a mean over the training ranks."""
-    if info is None or not info.uneven:
-        return None
-    return world_size / info.training

@@ -43,7 +43,7 @@ from typing import Any, Callable
 import numpy as np
 
 __all__ = ["JoinControl", "UnevenInputsError", "RoundInfo", "KIND_GRADIENTS", "KIND_CHECK",
-           "UNEVEN_MODES"]
+           "UNEVEN_MODES", "mean_scale"]
 
 UNEVEN_MODES = ("join", "error")
 KIND_GRADIENTS = 1  # kinds 2 + i: the after_step of the run's i-th tracked strategy
@@ -132,6 +132,14 @@ class JoinControl:
                          kind=kind_sum // training_ranks if training_ranks else 0,
                          step=step_sum // training_ranks if training_ranks else 0,
                          steps=[int(s) for s in slots[:, 1]], rows=[int(r) - 1 for r in slots[:, 2]])
+
+
+def mean_scale(info: RoundInfo | None, world_size: int) -> float | None:
+    """Joined ranks gave zeros: what rescales a world-size mean to a mean over the training
+    ranks (None where every rank trains)."""
+    if info is None or not info.uneven:
+        return None
+    return world_size / info.training
 
 
 def _what(kind: int) -> str:

@@ -30,6 +30,7 @@ from ...wire._lazy_params import is_lazy
 from ..adapters import wrap_estimator
 from ..run._engine_state import RunContext, current_run, engine_state
 from ._param_snapshot import ParamSnapshot
+from ._step_count import StepCount
 from ._strategies import run_strategy
 from ._training_watch import TrainingWatch, framework_synced, is_dtensor
 
@@ -56,14 +57,7 @@ class StepHooks:
         self.run = run
         self._handles: list = []
         self.live = False  # between install and remove
-        # The optimizer whose steps are the run's steps (see _takes_over), and when each one
-        # was attached and last stepped, counted in optimizer steps of any optimizer
-        self._primary: int | None = None
-        self._was_primary: set[int] = set()
-        self._serial = 0            # optimizer steps so far, every optimizer's
-        self._primary_last = 0      # _serial at the primary's last step (0: none yet)
-        self._born: dict[int, int] = {}
-        self._last: dict[int, int] = {}
+        self._count = StepCount()  # which optimizer's steps are the run's
         assert run.join is not None   # set as the run starts
         self.grads = run.grad_sync = GradientSync(run, run.join)
         # The hooks run at every optimizer step: what they need is looked up once, here and at
@@ -143,12 +137,9 @@ class StepHooks:
             self._skip.add(key)
         elif strategy.averages_gradients:
             self.grads.track(optimizer, strategy)
-        self._born[key] = self._serial
-        if self._primary is None:
-            self._primary = key
-            self._was_primary.add(key)
-            if self._clock is not None:  # the first step's time starts once there is an optimizer
-                self._clock.begin()
+        if self._count.counting is None and self._clock is not None:
+            self._clock.begin()  # the first step's time starts once there is an optimizer
+        self._count.attached(key)
 
     def _before_step(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
         if self._clock is not None:
@@ -199,7 +190,7 @@ class StepHooks:
         run, key = self.run, id(optimizer)
         if run.interrupts is not None and run.interrupts.resume():
             # Stopped during the update: the parameters are a step further, and so is the count
-            if key == self._primary:
+            if key == self._count.counting:
                 run.steps += 1
             raise KeyboardInterrupt
         if key not in self._skip and not self._framework_owned(key, optimizer):
@@ -212,13 +203,7 @@ class StepHooks:
                 assert run.join is not None   # set as the run starts
                 run.join.round(after_step_kind(run, strategy), run.steps, run.steps)
             strategy.after_step(params, run.steps)
-        self._serial += 1
-        if key != self._primary and self._takes_over(key):
-            self._primary = key
-            self._was_primary.add(key)
-        self._last[key] = self._serial
-        if key == self._primary:
-            self._primary_last = self._serial
+        if self._count.stepped(key):
             self.grads.step_ended()
             run.steps += 1
             if run.metrics is not None:
@@ -228,23 +213,6 @@ class StepHooks:
             check_every_steps(run)
         elif self._clock is not None:
             self._clock.mark("other_s")
-
-    def _takes_over(self, key: int) -> bool:
-        """Whether optimizer ``key``, stepping now, becomes the one whose steps count.
-
-        The first optimizer attached counts the run's steps (its step index for the strategies,
-        progress, ``--check-every``, commits).  One attached after that optimizer's last step,
-        which steps before it steps again, is a new model trained after the last (k-fold,
-        a second phase of fine-tuning): its steps count from then on, where before the run's
-        steps stopped at the first model's (and ``localsgd`` kept one step index: averaged at
-        every step, or never).  An optimizer that counted before counts again when it steps
-        twice with no step of the counting one in between.  Optimizers made before the loop
-        and stepped in turn (a GAN's, a critic stepped five times a generator step) keep the
-        first.  Every rank decides alike: it depends only on the order of steps and attaches."""
-        last = self._primary_last
-        new_phase = 0 < last <= self._born.get(key, 0)
-        resumed = key in self._was_primary and last <= self._last.get(key, -1)
-        return new_phase or resumed
 
 
 def after_step_kind(run: RunContext, strategy: SyncStrategy) -> int:
