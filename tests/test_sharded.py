@@ -96,6 +96,17 @@ def test_returning_a_sharded_models_optimizer_is_refused_with_the_way_out(two_en
                         "opt = torch.optim.SGD(model.parameters(), lr=0.05)\n")
 
 
+def test_cpu_offload_on_cpu_engines_is_refused_with_the_way_out(two_engines, shell):
+    from phalanx.fit import DistributedFitError
+
+    run_cell(shell, SETUP)
+    with pytest.raises(DistributedFitError, match="leave offload=True out"):
+        run_cell(shell, "%%distributed_fit --no-widget\n"
+                        "from phalanx import wrap\nmodel = wrap(model, shard=True, offload=True)\n")
+    run_cell(shell, "%%distributed_fit --no-widget --return model\n"  # the engines go on
+                    "from phalanx import wrap\nmodel = wrap(model, shard=True)\n")
+
+
 # A small transformer: two encoder blocks (each its own FSDP unit) and a head.  48 sequences
 # split evenly on 1, 2 or 3 ranks, so the averaged gradient is the full batch's on any of them.
 ENCODER = """

@@ -23,7 +23,6 @@ from typing import Any
 from ..sync._agreement import check_run_agreement
 from ..sync._zero_change import finish_uneven
 from ._interrupts import InterruptGate
-from ..telemetry._memory import collect_cuda_garbage
 from ..debug._post_mortem import forget_failure, keep_failure
 from ..commits._resume import StopForResize, make_checkpointer
 from ._fit_mode import mode_for
@@ -167,7 +166,7 @@ def _run_cell(spec: RunSpec, gate: InterruptGate) -> RankResult:
             run.namespace, run.tracked, run.strategies, run.grad_sync = {}, [], {}, None
             run.watch = None
         run = profiler = namespace = main = sent = None
-        _shielded(collect_cuda_garbage)
+        _shielded(state.cuda_garbage.after_run)
 
 
 def _progress(run: RunContext | None) -> dict[str, Any]:

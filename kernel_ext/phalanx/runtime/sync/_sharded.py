@@ -48,11 +48,15 @@ def shard_model(model: torch.nn.Module, device: torch.device | None = None,
     if not dist.is_initialized():
         raise RuntimeError("wrap(model, shard=True) runs inside %%distributed_fit (the ranks' "
                            "group shards the model)")
-    if device is not None and device.type == "cuda" and not offload:
+    on_gpu = device is not None and device.type == "cuda"
+    if offload and not on_gpu:  # torch's own words: "Cannot access accelerator device ..."
+        raise ValueError(f"wrap(model, shard=True, offload=True): offload keeps the shards in "
+                         f"host memory between a GPU's uses, and this run's device is {device}; "
+                         "on CPU engines the shards are in host memory already: leave "
+                         "offload=True out")
+    if on_gpu and not offload:
         model = model.to(device)
-    with torch.no_grad():  # one model to cut the shards from: rank 0's
-        for tensor in [*model.parameters(), *model.buffers()]:
-            dist.broadcast(tensor.data, src=0)
+    _take_rank0_values(model, device)
     options: dict[str, Any] = {"reshard_after_forward": reshard_after_forward}
     if mp_policy is not None:
         options["mp_policy"] = mp_policy if isinstance(mp_policy, MixedPrecisionPolicy) \
@@ -63,6 +67,26 @@ def shard_model(model: torch.nn.Module, device: torch.device | None = None,
         fully_shard(block, **options)
     fully_shard(model, **options)
     return model
+
+
+def _take_rank0_values(model: torch.nn.Module, device: torch.device | None) -> None:
+    """Every rank's model takes rank 0's values: one model to cut the shards from.
+
+    With CPU offload on a GPU run the model stays on the CPU, which NCCL cannot broadcast
+    ("No backend type associated with device type cpu", measured on an H200): such a tensor
+    goes through the run's GPU, one at a time, so at most one tensor's copy is on it."""
+    import torch
+    import torch.distributed as dist
+
+    staged = device is not None and device.type == "cuda"
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            if staged and tensor.device.type == "cpu":
+                on_device = tensor.data.to(device)
+                dist.broadcast(on_device, src=0)
+                tensor.data.copy_(on_device)
+            else:
+                dist.broadcast(tensor.data, src=0)
 
 
 def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
