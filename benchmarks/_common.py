@@ -113,13 +113,16 @@ def ratio_row(name: str, value: float, target: str, met: bool, detail: str) -> d
     return {"name": name, "ratio": value, "target": target, "met": met, "detail": detail}
 
 
-def parse_args(doc: str | None, argv: list[str] | None):
-    """The options every benchmark takes (``--json OUT``, ``--quick``); also prepares engines."""
+def parse_args(doc: str | None, argv: list[str] | None, more: Callable[[Any], None] | None = None):
+    """The options every benchmark takes (``--json OUT``, ``--quick``) and those ``more`` adds to
+    the parser; also prepares engines."""
     import argparse
 
     parser = argparse.ArgumentParser(description=doc)
     parser.add_argument("--json", default=None, help="results file (default: results/<machine>.json)")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (smoke run)")
+    if more is not None:
+        more(parser)
     args = parser.parse_args(argv)
     engine_env()
     return args

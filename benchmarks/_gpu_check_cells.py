@@ -109,7 +109,8 @@ DEVICE = trainer.strategy.root_device
 """ + _REPORT
 
 # wrap(model, shard=True) in its settings, and torch's own fully_shard with CPU offload in a
-# cell; the same 8-block MLP (about 34M parameters), AdamW, 20 steps, the run's peak memory.
+# cell; the same 8-block MLP (about 34M parameters), AdamW, 20 steps, the run's peak memory and
+# what the earlier runs left allocated when it began (each run's peak counted it).
 SHARDED_SETUP = """
 import time, torch
 torch.manual_seed(0)
@@ -120,6 +121,7 @@ def blocks():
 
 SHARDED = """
 from phalanx import wrap
+start_mb = round(torch.cuda.memory_allocated() / 2**20, 1)  # what earlier runs left on the GPU
 torch.cuda.reset_peak_memory_stats()
 model = {build}
 opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -133,7 +135,7 @@ for step in range(20):
     opt.step()
     losses.append(float(loss))
 torch.cuda.synchronize()
-figure = {{"first_loss": losses[0], "last_loss": losses[-1],
+figure = {{"first_loss": losses[0], "last_loss": losses[-1], "start_mb": start_mb,
           "peak_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1)}}
 """
 

@@ -79,6 +79,20 @@ def collective_share_ns(before: dict[int, tuple[str, int]], after: dict[int, tup
                if name.startswith(COLLECTIVE_THREADS))
 
 
+def per_thread_us(before: dict[int, tuple[str, int]], after: dict[int, tuple[str, int]],
+                  steps: int) -> dict[str, float]:
+    """CPU microseconds per step of each thread name between two snapshots (0.5 us or more):
+    which threads besides the training one a place adds.
+
+    >>> per_thread_us({1: ("python", 0)}, {1: ("python", 3000), 2: ("ZMQbg/IO/0", 400)}, 2)
+    {'python': 1.5}
+    """
+    spent: dict[str, float] = {}
+    for tid, (name, ns) in after.items():
+        spent[name] = spent.get(name, 0.0) + (ns - before.get(tid, (name, 0))[1]) / steps / 1e3
+    return {name: us for name, us in sorted(spent.items(), key=lambda kv: -kv[1]) if us >= 0.5}
+
+
 def timed_loop(net: Any, X: Any, y: Any, steps: int, batch: int) -> dict[str, Any]:
     """Train ``net`` for ``steps`` steps of ``batch`` rows; per-step costs of this process."""
     import torch
@@ -97,8 +111,10 @@ def timed_loop(net: Any, X: Any, y: Any, steps: int, batch: int) -> dict[str, An
         opt.step()
     ended = _instructions(fd)
     process_us = (time.process_time_ns() - process) / steps / 1e3
-    collective_us = collective_share_ns(threads, thread_cpu_ns()) / steps / 1e3
+    after = thread_cpu_ns()
+    collective_us = collective_share_ns(threads, after) / steps / 1e3
     return {"process_us": process_us,
+            "threads_us": per_thread_us(threads, after, steps),
             "own_us": process_us - collective_us,
             "collective_threads_us": collective_us,
             "thread_us": (time.thread_time_ns() - thread) / steps / 1e3,
@@ -127,3 +143,54 @@ def tiny_step_us(net: Any, steps: int, reps: int) -> float:
             opt.step()
         fastest = min(fastest, (time.thread_time_ns() - started) / steps / 1e3)
     return fastest
+
+
+def timed_device_loop(net: Any, steps: int, batch: int, profile: bool = False,
+                      inputs: int = 64, classes: int = 10) -> dict[str, Any]:
+    """``net`` trained ``steps`` steps on one batch kept on its device, after 10 unmeasured ones:
+    per-step wall and CPU microseconds of this process and thread.  On a GPU a small model's
+    step is bound by the host (launches, hooks), so what a run adds shows.  With ``profile``
+    the loop runs under cProfile and ``top`` lists the functions with at least 0.2 us of
+    their own per step (the profiler's own cost included, alike in every place)."""
+    import cProfile
+    import pstats
+
+    import torch
+
+    device = next(net.parameters()).device
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    g = torch.Generator(device=device).manual_seed(1)
+    xb = torch.randn(batch, inputs, device=device, generator=g)
+    yb = torch.randint(0, classes, (batch,), device=device, generator=g)
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step() -> None:
+        opt.zero_grad()
+        loss_fn(net(xb), yb).backward()
+        opt.step()
+
+    for _ in range(10):
+        step()
+    sync()
+    profiler = cProfile.Profile() if profile else None
+    wall, process, thread = time.perf_counter_ns(), time.process_time_ns(), time.thread_time_ns()
+    if profiler is not None:
+        profiler.enable()
+    for _ in range(steps):
+        step()
+    sync()
+    if profiler is not None:
+        profiler.disable()
+    figure: dict[str, Any] = {
+        "wall_us": (time.perf_counter_ns() - wall) / steps / 1e3,
+        "process_us": (time.process_time_ns() - process) / steps / 1e3,
+        "thread_us": (time.thread_time_ns() - thread) / steps / 1e3}
+    if profiler is not None:
+        stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
+        rows = sorted(((tottime, calls, f"{os.path.basename(f)}:{line}:{name}")
+                       for (f, line, name), (_, calls, tottime, _, _) in stats.items()
+                       if tottime / steps >= 0.2e-6), reverse=True)[:200]
+        figure["top"] = [{"function": where, "us": tottime / steps * 1e6, "calls": calls / steps}
+                         for tottime, calls, where in rows]
+    return figure

@@ -6,8 +6,8 @@ import re
 from typing import Callable
 
 from _summary_rows import _row, teardown_note  # noqa: F401  (teardown_note: tests read it here)
-from _summary_runs import (_boosting, _frameworks, _latency, _sharded, _start, _step_cost,
-                           _throughput)
+from _summary_runs import (_boosting, _frameworks, _gpu_step, _latency, _sharded, _start,
+                           _step_cost, _throughput)
 
 # (section name, script) in the order they run and appear in the table.
 SECTIONS = [
@@ -31,6 +31,7 @@ SECTIONS = [
     ("sharded", "bench_sharded.py"),
     ("boosting", "bench_boosting.py"),
     ("gpu", "bench_gpu.py"),  # records "skipped" where there is no CUDA device
+    ("gpu_step", "bench_gpu_step.py"),  # likewise
 ]
 
 
@@ -149,7 +150,8 @@ def _history(d: dict) -> list[dict]:
 
 _SUMMARIZERS = {"history": _history, "metrics": _metrics, "latency": _latency, "throughput": _throughput, "cluster_start": _start,
                 "allreduce": _allreduce, "network": _network, "frameworks": _frameworks,
-                "sharded": _sharded, "boosting": _boosting, "step_cost": _step_cost}
+                "sharded": _sharded, "boosting": _boosting, "step_cost": _step_cost,
+                "gpu_step": _gpu_step}
 
 
 def summarize(sections: dict[str, dict]) -> list[dict]:

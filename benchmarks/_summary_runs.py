@@ -309,3 +309,43 @@ def _step_cost(d: dict) -> list[dict]:
                          f"{parts}; the meter's own {c['meter_us_per_step']:.1f} us included; "
                          f"step {c['process_us']:.0f} us"))
     return rows
+
+
+_GPU_STEP_ROWS = [  # (ratio key, what it compares, target: None where only reported)
+    ("wrap_run_vs_torchrun_ddp", "wrap() in a run vs the same DDP loop under torchrun", 0.97),
+    ("wrap_run_vs_engine_ddp", "wrap() in a run vs the same DDP loop in the engine", 0.97),
+    ("engine_ddp_vs_torchrun_ddp", "the DDP loop in the engine vs under torchrun", None),
+]
+
+
+def _gpu_step(d: dict) -> list[dict]:
+    """The host-bound CUDA step (bench_gpu_step.py): wall time per step decided by its 95%
+    interval, the training thread's CPU beside; what cProfile and the meter put on the run."""
+    if "skipped" in d:
+        return []
+    rows = []
+    label = "1 GPU, small MLP (host-bound), DDP on NCCL: "
+    for key, what, target in _GPU_STEP_ROWS:
+        wall, thread = d["ratios"][key]["wall_us"], d["ratios"][key]["thread_us"]
+        interval = wall["ci95"]
+        met = verdict(interval, target) if target else None
+        rows.append(_row("gpu_step", label + what + ", wall time per step", wall["paired_median"],
+                         f">= {target}x" if target else "reported", met,
+                         f"median of {len(wall['paired'])} paired blocks, 95% interval "
+                         f"{interval[0]:.3f}-{interval[1]:.3f}"
+                         + (" holds the target: undecided" if target and met is None else "")
+                         + f"; training thread's CPU {thread['paired_median']:.3f} "
+                         f"({thread['ci95'][0]:.3f}-{thread['ci95'][1]:.3f})"))
+    prof = d["profiled"]
+    added = ", ".join(f"{f['function'].split(':')[-1]} {f['added_us']:+.1f}"
+                      for f in prof["functions"][:5])
+    rows.append(_row("gpu_step", "one block each under cProfile: the run's wall time per step "
+                     "less the engine's (us)", prof["run_wall_us"] - prof["engine_wall_us"],
+                     "reported", None, f"{prof['run_wall_us']:.0f} vs {prof['engine_wall_us']:.0f}"
+                     f" us; largest differences by function: {added}"))
+    for clock, m in d["components"].items():
+        parts = ", ".join(f"{name} {v['us']:.1f}" for name, v in m["components"].items())
+        rows.append(_row("gpu_step", f"the run's per-step time by component, {clock} clock (us, "
+                         "metered)", sum(v["us"] for v in m["components"].values()), "reported",
+                         None, f"{parts}; step {m['wall_us']:.0f} us wall"))
+    return rows

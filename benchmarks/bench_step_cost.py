@@ -27,7 +27,7 @@ microseconds, and that difference as a share of the real step above (its implied
 Then one run of each kind with every phalanx callable of a step metered (``_step_cost_meter``):
 the run's per-step microseconds by component.
 
-    python benchmarks/bench_step_cost.py [--json OUT] [--quick]
+    python benchmarks/bench_step_cost.py [--json OUT] [--quick] [--blocks N]
 """
 
 from __future__ import annotations
@@ -183,6 +183,13 @@ def _summary(blocks: list[dict], key: str) -> dict[str, Any] | None:
             "samples": values}
 
 
+def _threads(blocks: list[dict]) -> dict[str, float]:
+    """Each thread name's median CPU microseconds per step over the blocks (0 where absent)."""
+    names = {name for b in blocks for name in b.get("threads_us", {})}
+    return {name: statistics.median(b.get("threads_us", {}).get(name, 0.0) for b in blocks)
+            for name in sorted(names)}
+
+
 def ratios(baseline: list[dict], candidate: list[dict], key: str) -> dict[str, Any] | None:
     """baseline cost / candidate cost: >= 1 when the candidate costs no more."""
     if any(b.get(key) is None for b in baseline + candidate):
@@ -225,13 +232,17 @@ def alternate(places: dict[str, list[dict]], measure: dict[str, Any], blocks: in
 
 
 def main(argv: list[str] | None = None) -> dict:
-    args = parse_args(__doc__, argv)
+    args = parse_args(__doc__, argv, lambda parser: parser.add_argument(
+        "--blocks", type=int, default=None,
+        help="blocks of each place (default 24; --quick 3): fewer where the machine has cores "
+             "to spare and its intervals are narrow, or a time limit"))
     from _common import engine_env
     from phalanx._session import Session
 
     engine_env()
     # 24 rounds: with 12, the whole step's 95% interval was 0.02-0.09 wide, for a 3% question
     steps, blocks = (150, 3) if args.quick else (600, 24)
+    blocks = args.blocks or blocks
     session = Session()
     session.start_cluster(n=2, gpus="none")
     one = session.cluster.client[session.cluster.slots()[0].engine_id]  # rank 0's, as the runs'
@@ -286,6 +297,8 @@ def main(argv: list[str] | None = None) -> dict:
         "per_step": {p: {k: _summary(b, k) for k in ("own_us", "process_us", "collective_threads_us",
                                                       "thread_us", "wall_us", "instructions")}
                      for p, b in places.items()},
+        # which threads each place runs besides the training one (the median block's figure)
+        "threads_us": {p: _threads(b) for p, b in places.items()},
         "ratios": {"run_vs_engine_1": compare(places, "engine", "run"),
                    "engine_vs_plain_1": compare(places, "plain", "engine"),
                    "run_vs_plain_1": compare(places, "plain", "run"),

@@ -24,7 +24,7 @@ import json
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from _common import RESULTS, engine_env, machine, machine_kind
 from _gpu_check_steps import BUDGET_S, STEPS, Step, run_cell
@@ -40,10 +40,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     engine_env()
     steps = [s for s in STEPS if not args.only or any(o in s.name for o in args.only)]
     started = time.perf_counter()
-    rows = run_steps(steps) if cuda_available() else [skipped(s) for s in steps]
+
+    def record(rows: list[dict]) -> None:  # after every step: a check cut off keeps what ran
+        write(rows, time.perf_counter() - started, args.json)
+
+    rows = run_steps(steps, record) if cuda_available() else [skipped(s) for s in steps]
     for row in rows:
         print(f"{row['step']}: {row['status']}", flush=True)
-    write(rows, time.perf_counter() - started, args.json)
+    record(rows)
     return rows
 
 
@@ -59,8 +63,9 @@ def skipped(step: Step) -> dict:
     return {"step": step.name, "status": SKIPPED, "seconds": 0.0, "figures": {}}
 
 
-def run_steps(steps: list[Step]) -> list[dict]:
-    """Every step on one GPU cluster, each timed; a failure is recorded and the next step runs."""
+def run_steps(steps: list[Step], record: Callable[[list[dict]], None]) -> list[dict]:
+    """Every step on one GPU cluster, each timed; a failure is recorded and the next step runs.
+    ``record`` gets the rows so far after each step."""
     from IPython.core.interactiveshell import InteractiveShell
 
     from phalanx._session import session_for_shell
@@ -88,6 +93,7 @@ def run_steps(steps: list[Step]) -> list[dict]:
             rows.append({"step": step.name, "status": status, "figures": figures,
                          "seconds": round(time.perf_counter() - began, 1)})
             print(f"{step.name}: {status} in {rows[-1]['seconds']} s {short(figures)}", flush=True)
+            record(rows)
     finally:
         if "session" in ctx:
             shell.run_cell("%cluster stop", store_history=False)

@@ -167,3 +167,28 @@ def test_the_rerun_cpu_row_is_decided_by_its_paired_blocks_interval():
     assert row["met"] is False
     below = [r - 0.5 for r in straddling]
     assert _rerun_vs_round_trip_cell({**section, "rerun_cpu_block_ratios": below}, 0.0373)[1]["met"]
+
+
+def _gpu_ratio(wall: float, interval: list[float], blocks: int = 8) -> dict:
+    return {"wall_us": {"paired_median": wall, "ci95": interval, "paired": [wall] * blocks},
+            "thread_us": {"paired_median": wall + 0.01, "ci95": [interval[0], interval[1]],
+                          "paired": [wall] * blocks}}
+
+
+def test_the_gpu_step_rows_judge_wall_time_by_its_interval_and_skip_a_machine_without_cuda():
+    section = {"ratios": {"wrap_run_vs_torchrun_ddp": _gpu_ratio(0.92, [0.887, 1.039]),
+                          "wrap_run_vs_engine_ddp": _gpu_ratio(0.94, [0.90, 0.96]),
+                          "engine_ddp_vs_torchrun_ddp": _gpu_ratio(0.99, [0.95, 1.03])},
+               "profiled": {"run_wall_us": 1676.0, "engine_wall_us": 1671.0, "functions": [
+                   {"function": "_zero_change.py:189:_after_step", "added_us": 6.5}]},
+               "components": {"wall": {"components": {"guard": {"us": 1.5, "calls": 1.0},
+                                                      "gradient hooks": {"us": 0.5, "calls": 2}},
+                                       "wall_us": 1380.0}}}
+    rows = summarize({"gpu_step": section})
+    assert [(round(r["value"], 3), r["target"], r["met"]) for r in rows] == [
+        (0.92, ">= 0.97x", None), (0.94, ">= 0.97x", False), (0.99, "reported", None),
+        (5.0, "reported", None), (2.0, "reported", None)]
+    assert "0.887-1.039 holds the target: undecided" in rows[0]["detail"]
+    assert "_after_step +6.5" in rows[3]["detail"]
+    assert rows[4]["detail"] == "guard 1.5, gradient hooks 0.5; step 1380 us wall"
+    assert summarize({"gpu_step": {"skipped": "no CUDA device on this machine"}}) == []
