@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 from ..commits._commits import CommitStore
-from ..telemetry._memory import CudaGarbage
+from ..telemetry._memory import RunGarbage
 from ...wire._options import TrainOptions
 from ._patch_ledger import PatchLedger
 
@@ -91,7 +91,7 @@ class EngineState:
         self.commits = CommitStore()    # in-memory checkpoints (survive between cells)
         self.kept: dict[str, object] = {}  # --keep: live objects the next cells find (see _kept)
         self.post_mortem: FailureFrames | None = None  # the last failure's frames, for %debug (_post_mortem)
-        self.cuda_garbage = CudaGarbage()  # what a finished run left on the GPU, collected
+        self.garbage = RunGarbage()  # what a finished run left in memory, collected
 
 
 _STATE: EngineState | None = None

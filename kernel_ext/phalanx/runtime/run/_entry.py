@@ -77,6 +77,9 @@ def run_cell(spec: RunSpec,
                           message="interrupted while returning")
     finally:
         gate.close()
+        # Once the run's frame is gone: its locals (the shipped classes, whose methods hold the
+        # cell's globals) kept everything the cell built reachable until then
+        _shielded(engine_state().garbage.after_run)
 
 
 def _run_cell(spec: RunSpec, gate: InterruptGate) -> RankResult:
@@ -160,13 +163,13 @@ def _run_cell(spec: RunSpec, gate: InterruptGate) -> RankResult:
         state.run = None
         # Each run has a namespace of its own: once the result is packed, nothing of the cell
         # is needed here.  A cell's functions and torch's optimizers hold reference cycles, so
-        # what it built would stay on the GPU (into the next run, doubling its peak) until
-        # Python's cycle collector ran: drop our references and collect now where it matters.
+        # what it built would stay in memory (into the next run, doubling its peak) until
+        # Python's cycle collector ran: drop our references (run_cell collects where it matters).
         if run is not None:
             run.namespace, run.tracked, run.strategies, run.grad_sync = {}, [], {}, None
             run.watch = None
         run = profiler = namespace = main = sent = None
-        _shielded(state.cuda_garbage.after_run)
+        shipped = {}
 
 
 def _progress(run: RunContext | None) -> dict[str, Any]:

@@ -92,66 +92,85 @@ def reset_cuda_peak() -> None:
             pass
 
 
-# A run leaving this much more CUDA memory allocated than the last collection left is worth a
-# full collection (about 0.08 s on an engine with torch loaded, measured), or 5% of the device
-# where that is less.  The last rule alone (5% of an H200 is 7 GB) let a finished run's 0.5 GB
-# model stay on the GPU into the next run, whose peak then counted it (measured: 1172 MB for a
-# CPU-offloaded sharded model that needs 658 MB).
+# A run leaving this much more memory in use than the last collection left is worth a full
+# collection (about 0.08 s on an engine with torch loaded, measured), on the GPU or 5% of the
+# device where that is less.  The last rule alone (5% of an H200 is 7 GB) let a finished run's
+# 0.5 GB model stay on the GPU into the next run, whose peak then counted it (seen: 1172 MB for
+# a CPU-offloaded sharded model that needs 658 MB); on CPU engines nothing was collected at all.
 COLLECT_AFTER_BYTES = 256 << 20
 
 
-def worth_collecting(allocated: int, baseline: int, total: int,
+def worth_collecting(in_use: int, baseline: int, total: int | None = None,
                      min_bytes: int = COLLECT_AFTER_BYTES, max_fraction: float = 0.05) -> bool:
-    """Whether ``allocated`` bytes, against ``baseline`` (what the last collection left, or what
-    was allocated before CUDA's first run), hold enough a run may have left behind.
+    """Whether ``in_use`` bytes, against ``baseline`` (what the last collection left, or what
+    was in use before the first run), hold enough that a run may have left behind; ``total``,
+    a device's memory, lowers the bar to ``max_fraction`` of it.
 
     >>> GB = 1 << 30
     >>> worth_collecting(int(1.2 * GB), 0, 141 * GB)           # a 1.2 GB run on an H200
     True
     >>> worth_collecting(int(10.1 * GB), 10 * GB, 141 * GB)    # a kept 10 GB model, a small run
     False
-    >>> worth_collecting(500 << 20, 0, 8 * GB)                 # 5% of an 8 GB card is 410 MB
+    >>> worth_collecting(300 << 20, 0, 4 * GB)                 # 5% of a 4 GB card is 205 MB
     True
+    >>> worth_collecting(300 << 20, 200 << 20)                 # a process's resident memory
+    False
     """
-    return allocated - baseline >= min(min_bytes, max_fraction * total)
+    bar = min_bytes if total is None else min(min_bytes, max_fraction * total)
+    return in_use - baseline >= bar
 
 
-class CudaGarbage:
-    """After each run: free the GPU memory of what the cell built and nothing reaches any more.
+class RunGarbage:
+    """After each run: free the memory of what the cell built and nothing reaches any more.
 
-    A cell's functions (through their globals) and torch's optimizers, DDP and FSDP modules form
-    reference cycles, so without a full pass of Python's cycle collector, which a training loop
-    rarely triggers, a finished run's model, gradients and optimizer state stay on the GPU, into
-    the next run.  A full pass is made when the memory allocated has grown by
-    :data:`COLLECT_AFTER_BYTES` (or 5% of the device) since the last one left it: what a run
-    left below that stays at most until it adds up to that, and a model kept with ``--keep``
-    raises the baseline once instead of costing a pass after every run.  Never where CUDA is not
-    in use.
+    A cell's functions and classes (through their globals) and torch's optimizers, DDP and FSDP
+    modules form reference cycles, so without a full pass of Python's cycle collector, which a
+    training loop rarely triggers, a finished run's model, gradients and optimizer state stay in
+    memory, on the GPU or the host, into the next run, whose peak counts them.  A full pass is
+    made when the CUDA memory allocated or the process's resident memory has grown by
+    :data:`COLLECT_AFTER_BYTES` (on the GPU, or 5% of the device) since the last pass left it:
+    what a run left below that stays at most until it adds up to that, and a model kept with
+    ``--keep`` raises the baseline once instead of costing a pass after every run.
     """
 
     def __init__(self) -> None:
-        self.baseline = 0  # bytes allocated after the last collection (0: none yet)
+        self.cuda_baseline = 0  # bytes allocated on the GPU after the last collection
+        self.rss_baseline = rss_bytes()  # resident bytes after it (first: before any run)
 
     def after_run(self) -> bool:
         """Collect if worth it; returns whether it collected."""
-        if not cuda_in_use():
-            return False
         import gc
 
-        import torch
-
-        try:
-            device = own_device()
-            allocated = torch.cuda.memory_allocated(device)
-            total = torch.cuda.get_device_properties(device).total_memory
-        except Exception:  # a broken context: nothing to free through it
-            return False
-        if not worth_collecting(allocated, self.baseline, total):
-            self.baseline = min(self.baseline, allocated)  # what a collection freed meanwhile
+        cuda = _cuda_allocated()
+        rss = rss_bytes()
+        on_gpu = cuda is not None and worth_collecting(cuda[0], self.cuda_baseline, cuda[1])
+        on_host = (rss is not None and self.rss_baseline is not None
+                   and worth_collecting(rss, self.rss_baseline))
+        if not (on_gpu or on_host):  # what a collection freed meanwhile lowers the baseline
+            if cuda is not None:
+                self.cuda_baseline = min(self.cuda_baseline, cuda[0])
+            if rss is not None and self.rss_baseline is not None:
+                self.rss_baseline = min(self.rss_baseline, rss)
             return False
         gc.collect()
-        self.baseline = torch.cuda.memory_allocated(device)
+        after = _cuda_allocated()
+        self.cuda_baseline = after[0] if after is not None else 0
+        self.rss_baseline = rss_bytes()
         return True
+
+
+def _cuda_allocated() -> tuple[int, int] | None:
+    """Bytes allocated on this engine's GPU and the device's total; None without CUDA in use."""
+    if not cuda_in_use():
+        return None
+    import torch
+
+    try:
+        device = own_device()
+        return (torch.cuda.memory_allocated(device),
+                torch.cuda.get_device_properties(device).total_memory)
+    except Exception:  # a broken context: nothing to free through it
+        return None
 
 
 class MemoryTracker:
