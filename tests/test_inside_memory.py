@@ -191,6 +191,16 @@ def test_run_view_and_cluster_table_show_memory_from_the_events():
     assert "GPU memory" not in table_html(merge_rows(engines, {}))
 
 
+def _last_runs_object_alive(shell) -> bool:
+    """Whether the object the last run held by ``builtins._phalanx_test_ref`` is alive as the
+    next run starts (collection turned back on after)."""
+    run_cell(shell, "%%distributed_fit --no-widget --return kept\n"
+                    "import builtins, gc\n"
+                    "kept = builtins._phalanx_test_ref() is not None\n"
+                    "gc.enable()\n")
+    return shell.user_ns["kept"]
+
+
 @pytest.mark.cluster
 def test_a_finished_run_keeps_nothing_of_its_cell_on_the_engine(two_engines, shell):
     """What a cell built is freed when its run ends, not when Python's cycle collector next
@@ -203,11 +213,7 @@ def test_a_finished_run_keeps_nothing_of_its_cell_on_the_engine(two_engines, she
                     "model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8))\n"
                     "model(torch.ones(2, 4)).sum().backward()\n"
                     "builtins._phalanx_test_ref = weakref.ref(model)\n")
-    run_cell(shell, "%%distributed_fit --no-widget --return kept\n"
-                    "import builtins, gc\n"
-                    "kept = builtins._phalanx_test_ref() is not None\n"
-                    "gc.enable()\n")
-    assert shell.user_ns["kept"] is False
+    assert not _last_runs_object_alive(shell)
 
 
 @pytest.mark.cluster
@@ -248,8 +254,4 @@ def test_a_finished_runs_model_held_by_a_notebook_class_is_freed_with_the_run(tw
                     "model = Wide()\n"
                     "model(torch.ones(2, 8192)).sum().backward()\n"
                     "builtins._phalanx_test_ref = weakref.ref(model)\n")
-    run_cell(shell, "%%distributed_fit --no-widget --return kept\n"
-                    "import builtins, gc\n"
-                    "kept = builtins._phalanx_test_ref() is not None\n"
-                    "gc.enable()\n")
-    assert shell.user_ns["kept"] is False
+    assert not _last_runs_object_alive(shell)
