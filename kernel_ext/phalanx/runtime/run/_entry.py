@@ -169,7 +169,7 @@ def _run_cell(spec: RunSpec, gate: InterruptGate) -> RankResult:
             run.namespace, run.tracked, run.strategies, run.grad_sync = {}, [], {}, None
             run.watch = None
         run = profiler = namespace = main = sent = None
-        shipped = {}
+        shipped = {}  # its notebook classes hold the cell's globals
 
 
 def _progress(run: RunContext | None) -> dict[str, Any]:
