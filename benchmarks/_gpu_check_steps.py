@@ -18,6 +18,7 @@ from _gpu_check_cells import (ACCELERATE_BF16, DEVICE_RULE, FULLY_SHARD_OFFLOAD,
                               LIGHTNING_BF16, ONE_STEP, ONE_STEP_SETUP, QUICKSTART_REPLACE, SHARDED,
                               SHARDED_BUILDS, SHARDED_SETUP)
 from _common import HERE, ROOT
+from phalanx.runtime.telemetry._memory import COLLECT_AFTER_BYTES
 from _torchrun import Torchrun
 
 RERUN_GOAL = 2.0  # the warm re-run, live view included, at most this many bare round trips
@@ -119,9 +120,10 @@ def lightning_bf16(ctx: dict) -> dict:
     return {**figure, "failed": not _trained(figure)}
 
 
-# What a run may find allocated on its GPU from the runs before it (the check's own cells hold
-# a few small tensors): more means a finished run's model stayed into the next one.
-LEFT_BY_EARLIER_RUNS_MB = 64
+# What a run may find allocated on its GPU from the runs before it: an engine collects what a
+# finished run left once it adds up to this much (phalanx's own rule), so more means a finished
+# run's model stayed into the next one.
+LEFT_BY_EARLIER_RUNS_MB = COLLECT_AFTER_BYTES / 2**20
 
 
 def sharded(ctx: dict) -> dict:
