@@ -29,6 +29,7 @@ from ._bus import EventBus
 from ._dask_client import UserDask
 from ._run_history import RunHistoryQueries
 from ._run_records import RunRecords
+from ._session_networks import NetworkVerbs
 from .cluster import ClusterError, ClusterManager, LaunchOptions, memory_mb, visible_gpus
 from .cluster._memory import add_engine_figures
 from .fit import FitOptions, FitRunner, FitUsageError, RunRecord
@@ -69,7 +70,7 @@ class EngineStatus:
         return len(self.rows)
 
 
-class Session(RunHistoryQueries, RunRecords):
+class Session(RunHistoryQueries, RunRecords, NetworkVerbs):
     """The kernel's phalanx state: cluster, runs, networks and the event bus."""
 
     def __init__(self, shell: InteractiveShell | None = None,
@@ -330,44 +331,6 @@ class Session(RunHistoryQueries, RunRecords):
         if self.fits.last is None:
             raise FitUsageError("no %%distributed_fit run yet in this kernel")
         return self.fits.last
-
-    # --- learning networks ---------------------------------------------------------------------
-
-    def fit_network(self, node: Any, **kwargs: Any) -> Any:
-        """Fit a learning network on the cluster (``%distributed_fit NODE``); DAG states go to
-        the views as ``network`` events."""
-        if not self.cluster.running:
-            raise ClusterError("no cluster is running: start one with %cluster start -n 2")
-        return node.fit(cluster=self.cluster, on_event=self.events.emit, **kwargs)
-
-    @_serialised
-    def dask_tasks(self) -> int | None:
-        """Dask tasks running on the engines now (a network's fits, ``dask_client()`` work);
-        None when dask is not started on the cluster."""
-        from .network._dask import dask_tasks_running
-
-        return dask_tasks_running(self.cluster) if self.cluster.running else None
-
-    def dask_client(self) -> Any:
-        """The cluster's dask client, dask's default (``phalanx.dask_client()``)."""
-        if not self.cluster.running:
-            raise ClusterError("no cluster is running: start one with %cluster start -n 2")
-        return self.user_dask.client(self.cluster)
-
-    def _stop_dask(self, resume: bool = False) -> None:
-        """Dask workers live inside the engines: stop them before the engines change or go
-        (``resume``: the person's client comes back after the change)."""
-        if resume:
-            self.user_dask.suspend()
-        else:
-            self.user_dask.close()
-        if self.cluster.running:
-            from .network import stop_dask
-
-            try:
-                stop_dask(self.cluster)
-            except Exception as exc:  # the engines are going anyway
-                log.warning("phalanx: stopping dask on the engines failed: %s", exc)
 
     # --- views --------------------------------------------------------------------------------
 
