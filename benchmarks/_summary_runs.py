@@ -301,6 +301,8 @@ def _step_cost(d: dict) -> list[dict]:
                          + (f"; an upper bound: {wait['rank1_busy_us']} us of work added to rank "
                             f"1's steps alone added {wait['rank0_added_us']:.0f} us to rank 0's "
                             "(a DDP rank spins while it waits for its peer)" if wait else "")))
+    for kind, w in d.get("python_work", {}).items():
+        rows.append(_python_work_row(kind, w))
     for kind, c in d["components"].items():
         parts = ", ".join(f"{name} {v['us']:.1f}" for name, v in c["components"].items())
         total = sum(v["us"] for v in c["components"].values())
@@ -309,6 +311,19 @@ def _step_cost(d: dict) -> list[dict]:
                          f"{parts}; the meter's own {c['meter_us_per_step']:.1f} us included; "
                          f"step {c['process_us']:.0f} us"))
     return rows
+
+
+def _python_work_row(kind: str, w: dict) -> dict:
+    """The bytecodes a run adds to a step, counted: the same on every run of the same code."""
+    added, engine = w["added"], w["in_engine"]
+    torch_own = engine["opcodes"].get("torch", 0.0)
+    return _row("step_cost", f"{kind}: the Python work the run adds to a step (bytecodes, "
+                "counted on the training thread)", added["opcodes"]["total"], "reported", None,
+                f"phalanx's code {added['opcodes'].get('phalanx', 0.0):.0f}, torch's "
+                f"{added['opcodes'].get('torch', 0.0):.0f} (the branches its hooks take); "
+                f"{added['calls']['total']:.1f} Python calls; the step without a run: "
+                f"{torch_own:.0f} bytecodes of torch's; over {w['steps']} steps of the "
+                "fixed-cost model")
 
 
 _GPU_STEP_ROWS = [  # (ratio key, what it compares, target: None where only reported)

@@ -25,7 +25,9 @@ the training thread in a run and in the engine without one, alternating; the dif
 microseconds, and that difference as a share of the real step above (its implied ratio).
 
 Then one run of each kind with every phalanx callable of a step metered (``_step_cost_meter``):
-the run's per-step microseconds by component.
+the run's per-step microseconds by component.  And the Python work the run adds to that tiny
+step, counted in bytecodes and calls on the training thread (``_step_trace``): the same figure
+on every run of the same code, so a change of a few microseconds shows as it is.
 
     python benchmarks/bench_step_cost.py [--json OUT] [--quick] [--blocks N]
 """
@@ -42,6 +44,7 @@ from typing import Any
 from _common import HERE, median_interval, parse_args, save
 from _models import make_data, make_mlp
 from _step_cost_loop import timed_loop
+from _step_trace import added as added_work
 from _torchrun import ServedTorchrun
 
 BATCH = 32
@@ -145,15 +148,52 @@ def peer_wait_calibration(both: Any, steps: int, reps: int, blocks: int) -> dict
 
 
 def tiny_run(session: Any, steps: int, reps: int, workers: int) -> float:
+    return _tiny_cell(session, TINY_BODY, {"STEPS": steps, "REPS": reps}, workers)
+
+
+def _tiny_cell(session: Any, body: str, ns: dict, workers: int) -> Any:
+    """``body`` (with ``{setup}`` where 2 workers wrap() the model) run as a cell; its ``cost``."""
     from phalanx import wrap
     from phalanx.fit import FitOptions
 
-    ns = {"STEPS": steps, "REPS": reps, "wrap": wrap}
-    body = TINY_BODY.format(setup="net = wrap(net)" if workers > 1 else "")
+    ns = {**ns, "wrap": wrap}
     opts = FitOptions.build(n=workers, returns="cost", widget=False, name="bench-step-cost")
     with contextlib.redirect_stdout(io.StringIO()):
-        session.distributed_fit(body, opts, ns)
+        session.distributed_fit(body.format(setup="net = wrap(net)" if workers > 1 else ""),
+                                opts, ns)
     return ns["cost"]
+
+
+TRACED_BODY = """
+from _models import make_mlp
+from _step_trace import tiny_step_work
+net = make_mlp(2, 2, 2)
+{setup}
+cost = tiny_step_work(net, STEPS)
+"""
+
+
+def traced_engine(steps: int, ddp: bool) -> dict[str, Any]:  # runs on an engine
+    from torch.nn.parallel import DistributedDataParallel
+
+    from _models import make_mlp
+    from _step_trace import tiny_step_work
+
+    net = make_mlp(2, 2, 2)
+    return tiny_step_work(DistributedDataParallel(net) if ddp else net, steps)
+
+
+def python_work(session: Any, one: Any, both: Any, steps: int) -> dict[str, Any]:
+    """The Python work per step the run adds, counted (``_step_trace``): the fixed-cost step
+    traced in a run and in the engine without one, for 1 worker and for 2 with wrap()."""
+    out = {}
+    for kind, workers in (("1 worker", 1), ("2 workers wrap()", 2)):
+        in_run = _tiny_cell(session, TRACED_BODY, {"STEPS": steps}, workers)
+        in_engine = (both.apply_sync(traced_engine, steps, True)[0] if workers > 1
+                     else one.apply_sync(traced_engine, steps, False))
+        out[kind] = {"steps": steps, "in_run": in_run, "in_engine": in_engine,
+                     "added": added_work(in_run, in_engine)}
+    return out
 
 
 def fixed_cost(run: Any, engine: Any, blocks: int, step_us: float) -> dict[str, Any]:
@@ -290,6 +330,8 @@ def main(argv: list[str] | None = None) -> dict:
             both, tiny_steps, tiny_reps, max(2, blocks // 2))
         components = {"1 worker": metered(session, steps, 1),
                       "2 workers wrap()": metered(session, steps, 2)}
+        # 200 steps hold two of the guard's checks (every 100 steps by default)
+        work = python_work(session, one, both, 200)
     finally:
         session.close()
     data = {
@@ -307,6 +349,7 @@ def main(argv: list[str] | None = None) -> dict:
                    "engine_ddp_vs_torchrun_2": compare(places, "torchrun_ddp", "engine_ddp")},
         "components": components,
         "fixed_cost": fixed,
+        "python_work": work,
         "target": ">= 0.97x by CPU time per step (the process less torch's collective threads)",
     }
     for name, r in data["ratios"].items():
@@ -321,6 +364,9 @@ def main(argv: list[str] | None = None) -> dict:
         if "peer_wait" in f:
             print(f"  {f['peer_wait']['rank1_busy_us']} us of work on rank 1 alone added "
                   f"{f['peer_wait']['rank0_added_us']:.1f} us to rank 0's step")
+    for kind, w in work.items():
+        print(f"{kind}: the run adds {w['added']['opcodes']['total']:.0f} bytecodes and "
+              f"{w['added']['calls']['total']:.1f} Python calls a step (counted)")
     for kind, c in components.items():
         print(f"{kind}: " + ", ".join(f"{k} {v['us']:.1f} us" for k, v in c["components"].items())
               + f" (meter {c['meter_us_per_step']:.1f} us a step)")

@@ -138,6 +138,38 @@ def test_the_step_cost_rows_judge_cpu_time_by_its_interval_and_say_the_rest_besi
                                  "included; step 700 us")
 
 
+def test_the_counted_python_work_of_a_step_is_reported_beside_the_cpu_times():
+    from _step_trace import added
+
+    in_run = {"opcodes": {"phalanx": 500.0, "torch": 3207.0, "other": 167.5},
+              "calls": {"phalanx": 18.0, "torch": 134.0, "other": 13.0}}
+    in_engine = {"opcodes": {"torch": 3183.0, "other": 162.0}, "calls": {"torch": 134.0, "other": 13.0}}
+    section = {"ratios": {}, "components": {},
+               "python_work": {"2 workers wrap()": {"steps": 200, "in_run": in_run,
+                                                    "in_engine": in_engine,
+                                                    "added": added(in_run, in_engine)}}}
+    [row] = summarize({"step_cost": section})
+    assert (row["value"], row["target"], row["met"]) == (529.5, "reported", None)
+    assert row["detail"] == ("phalanx's code 500, torch's 24 (the branches its hooks take); 18.0 "
+                             "Python calls; the step without a run: 3183 bytecodes of torch's; "
+                             "over 200 steps of the fixed-cost model")
+
+
+def test_the_counted_work_of_a_step_is_the_same_every_time_and_says_whose_code_ran():
+    import torch
+    from _step_trace import traced_work
+
+    net = torch.nn.Linear(2, 2)
+
+    def step() -> None:
+        net(torch.zeros(1, 2))
+
+    first = traced_work(step, 5)
+    assert first == traced_work(step, 5)  # a count, not a time: no machine moves it
+    assert first["opcodes"]["torch"] > first["opcodes"]["other"] > 0  # Module.__call__ and step()
+    assert first["calls"]["other"] == 1.0 and "phalanx" not in first["calls"]
+
+
 def test_step_cost_results_from_before_the_interval_are_judged_by_their_median():
     section = {"ratios": {"run_vs_engine_1": _cost(0.98, 0.85),
                           "wrap_run_vs_engine_ddp_2": _cost(0.95, 1.02),

@@ -106,7 +106,11 @@ class TrainingWatch:
 
         def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
             if watch._backward is not None:  # not after the watch was removed
-                watch.before_backward(tensors, kwargs.get("inputs"))
+                # Most passes are only counted, here (a call less in every step): a pass is
+                # walked after a change, then every SPOT_CHECK-th one
+                watch._passes += 1
+                if watch._walks > 0 or not watch._passes % SPOT_CHECK:
+                    watch.before_backward(tensors, kwargs.get("inputs"))
             return original(tensors, *args, **kwargs)
 
         # loss.backward() calls it through the module; the run's ledger puts it back
@@ -192,12 +196,8 @@ class TrainingWatch:
 
     def before_backward(self, tensors: torch.Tensor | Sequence[torch.Tensor],
                         inputs: torch.Tensor | Sequence[torch.Tensor] | None) -> None:
-        """Find the leaves this pass trains; sync and adopt those phalanx does not know yet."""
-        if self.run.world_size == 1:
-            return
-        self._passes += 1
-        if self._walks <= 0 and self._passes % SPOT_CHECK:
-            return
+        """Find the leaves this pass trains; sync and adopt those phalanx does not know yet
+        (a pass the patched ``backward`` chose to walk: it counts the passes)."""
         self._walks -= 1
         roots = [tensors] if _is_tensor(tensors) else list(tensors or ())
         check_training_device(self.run, roots[:1])

@@ -66,8 +66,9 @@ class StepHooks:
         self._clock = getattr(run.metrics, "clock", None)
         self._skip: set[int] = set()  # optimizers whose strategy does nothing here
         # id(optimizer) -> its parameters, from a step's pre-hook to its post-hook (listed once
-        # a step: the list is a measurable part of a short step's hook time)
-        self._stepping: dict[int, list] = {}
+        # a step: the list is a measurable part of a short step's hook time); None where a
+        # framework keeps them in step
+        self._stepping: dict[int, list | None] = {}
         # id(optimizer) -> its parameters as held and as synced, listed again when they change
         self._listed: dict[int, tuple[ParamSnapshot, list]] = {}
         # id(optimizer) -> (the shape it was judged at, whether a framework owns all it holds)
@@ -76,6 +77,10 @@ class StepHooks:
         # _training_watch.  Strategies that keep ranks apart on purpose get no syncing.
         kind = run_strategy(run)
         run.agreement = kind.agreement
+        # steps between the guard's checks, where it checks during the run (0: it does not);
+        # asked of the step count here rather than by a call at every step
+        self._check_every = run.train.check_every \
+            if kind.agreement == "always" and run.world_size > 1 else 0
         self.watch = run.watch = None if kind.agreement == "never" else \
             TrainingWatch(run, self.grads.adopt, kind.averages_gradients, self.grads.averages)
 
@@ -153,6 +158,7 @@ class StepHooks:
             return
         self.grads.check_closed()
         if self._framework_owned(key, optimizer):
+            self._stepping[key] = None  # the post-hook's verdict too: nothing to do this step
             return
         self.grads.refresh_if_changed()  # add_param_group, requires_grad switched on
         params = self._stepping[key] = self._synced_params(key, optimizer)  # the post-hook's too
@@ -193,11 +199,16 @@ class StepHooks:
             if key == self._count.counting:
                 run.steps += 1
             raise KeyboardInterrupt
-        if key not in self._skip and not self._framework_owned(key, optimizer):
+        # What the pre-hook found: the parameters the strategy syncs, or None where a framework
+        # keeps them in step (asked again only where the pre-hook did not run to its end)
+        if key in self._skip:
+            params = None
+        elif key in self._stepping:
+            params = self._stepping.pop(key)
+        else:
+            params = None if self._framework_owned(key, optimizer) else _optimizer_params(optimizer)
+        if params is not None:
             strategy = run.strategies[key]
-            params = self._stepping.pop(key, None)
-            if params is None:  # a step whose pre-hook did not run to its end
-                params = _optimizer_params(optimizer)
             # Strategies take the 0-based index of the step just taken (as before_step saw it).
             if strategy.after_step_communicates(params, run.steps):
                 assert run.join is not None   # set as the run starts
@@ -210,7 +221,8 @@ class StepHooks:
                 run.metrics.set_step(run.steps)
             if self._clock is not None:
                 self._clock.step_end()
-            check_every_steps(run)
+            if self._check_every and not run.steps % self._check_every:
+                check_every_steps(run)
         elif self._clock is not None:
             self._clock.mark("other_s")
 
