@@ -43,14 +43,25 @@ def test_a_run_whose_kernel_died_is_listed_as_interrupted(tmp_path):
 
 
 def test_the_log_keeps_the_newest_runs_only(tmp_path):
+    from phalanx.fit.telemetry._history import MetricHistory
+
     log = RunLog(str(tmp_path), keep=3)
     for n in range(1, 26):
         log.started(f"k3-{n}", n, f"run-{n}", "cell", 1)
+        history = MetricHistory(log.history_dir(f"k3-{n}"))
+        if n % 2:  # every other run logged metrics: its folder holds their files too
+            history.extend(0, [[1, 0.0, {"loss": 1.0}]])
+        history.persist()
         log.ended(f"k3-{n}", "done", 0.1)
-    names = [e["name"] for e in log.entries()]
+    entries = log.entries()
+    names = [e["name"] for e in entries]
     assert len(names) < 3 + PRUNE_EVERY and names[-1] == "run-25"
     assert names == [f"run-{n}" for n in range(26 - len(names), 26)], "the oldest go first"
     assert log.next_number() == 26
+    # a pruned run leaves nothing behind, with or without metrics; one without made no history
+    assert sorted(os.listdir(tmp_path)) == sorted(e["run"] for e in entries)
+    assert [os.path.isdir(log.history_dir(e["run"])) for e in entries] == \
+        [e["number"] % 2 == 1 for e in entries]
 
 
 def test_pruning_spares_another_kernels_running_run_and_an_ended_run_is_not_brought_back(tmp_path):

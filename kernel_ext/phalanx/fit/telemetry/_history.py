@@ -135,9 +135,10 @@ class MetricHistory:
         with self._lock:
             self._chunks[index] = chunk
 
-    def persist(self) -> str:
-        """Move every row to disk (the run is over); returns the directory.  Memory then holds
-        only the index of the chunks, the metric names and each rank's latest values."""
+    def persist(self) -> str | None:
+        """Move every row to disk (the run is over); returns the directory (None for a history
+        without rows: no folder is made for it).  Memory then holds only the index of the
+        chunks, the metric names and each rank's latest values."""
         with self._spill_lock:
             with self._lock:
                 self._flush()
@@ -145,6 +146,8 @@ class MetricHistory:
                     self._chunks.append(self._buffer.seal())
                     self._buffer = ChunkBuffer(self.chunk_rows)
                 todo = [(i, c) for i, c in enumerate(self._chunks) if c.in_memory]
+                if not self._chunks:
+                    return None
             for index, chunk in todo:
                 self._swap(index, chunk.spill(self._part_path(index)))
             with self._lock:

@@ -116,7 +116,7 @@ class RunLog:
                  "started": time.time(), "wall_s": None, "status": "running",
                  "world_size": world_size, "total_steps": total_steps, "metrics": {},
                  "steps": {}, "error": None, "pid": os.getpid()}
-        self._write(entry)
+        self._write(entry, new=True)
         self._running[run_id] = entry
         if self._started % PRUNE_EVERY == 0:  # listing the folder costs more than a warm run
             self._prune()
@@ -136,7 +136,10 @@ class RunLog:
                      metrics=dict(metrics or {}))
         if world_size is not None:
             entry["world_size"] = world_size
-        self._write(entry)
+        try:
+            self._write(entry)
+        except FileNotFoundError:
+            pass  # pruned by another kernel since the look above: it stays gone
 
     def entries(self) -> list[dict]:
         """Every recorded run, oldest first; one whose kernel ended before it did is said
@@ -169,9 +172,12 @@ class RunLog:
         found = [e for e in (self._read(n) for n in names) if e is not None]
         return sorted(found, key=lambda e: (e.get("started") or 0, e.get("number") or 0))
 
-    def _write(self, entry: dict) -> None:
+    def _write(self, entry: dict, new: bool = False) -> None:
+        """Write ``entry`` whole; ``new``: the run's first, whose folder is made first (once:
+        a second ``makedirs`` fails inside, which cost more than the write)."""
         folder = os.path.join(self.directory, entry["run"])
-        os.makedirs(folder, exist_ok=True)
+        if new:
+            os.makedirs(folder, exist_ok=True)
         path = os.path.join(folder, ENTRY)
         data = json.dumps(entry)  # one write: json.dump writes each small piece on its own
         with open(path + ".tmp", "w") as f:
@@ -195,4 +201,15 @@ class RunLog:
                 continue  # being written, or not a run's folder: left alone
             if old["status"] == "running" and _pid_alive(old.get("pid")):
                 continue  # another kernel's run that still goes
-            shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+            _remove_run_folder(os.path.join(self.directory, name))
+
+
+def _remove_run_folder(folder: str) -> None:
+    """Remove a run's folder; one that holds only its entry (a run that logged no metrics) in
+    two calls, where ``shutil.rmtree`` walks it (a tenth of a warm re-run's kernel time went
+    into pruning the log)."""
+    try:
+        os.unlink(os.path.join(folder, ENTRY))
+        os.rmdir(folder)
+    except OSError:  # its history, or a half-written entry: the whole walk
+        shutil.rmtree(folder, ignore_errors=True)
