@@ -123,17 +123,23 @@ def timed_loop(net: Any, X: Any, y: Any, steps: int, batch: int) -> dict[str, An
             else (ended - counted) / steps}
 
 
+def tiny_step_parts(net: Any) -> tuple[Any, Any, Any, Any]:
+    """The optimizer, loss and one-row batch of the fixed-cost step (``net``: the MLP with
+    layers two wide), on one thread: what :func:`tiny_step_us` times and ``_step_trace``
+    counts, so both read the same step."""
+    import torch
+
+    torch.set_num_threads(1)
+    opt = torch.optim.SGD(net.parameters(), lr=0.0)
+    return opt, torch.nn.CrossEntropyLoss(), torch.zeros(1, 2), torch.zeros(1, dtype=torch.long)
+
+
 def tiny_step_us(net: Any, steps: int, reps: int) -> float:
     """The training thread's CPU microseconds per step of ``net`` (the benchmark's MLP with
     layers two wide: the same parameters and hooks, next to no arithmetic), fastest of ``reps``
     loops of ``steps``.  What a run adds to such a step is what it adds to any step of that
     model: a fixed cost, read here where nothing else hides it."""
-    import torch
-
-    torch.set_num_threads(1)
-    opt = torch.optim.SGD(net.parameters(), lr=0.0)
-    loss_fn = torch.nn.CrossEntropyLoss()
-    xb, yb = torch.zeros(1, 2), torch.zeros(1, dtype=torch.long)
+    opt, loss_fn, xb, yb = tiny_step_parts(net)
     fastest = float("inf")
     for _ in range(reps):
         started = time.thread_time_ns()

@@ -69,12 +69,9 @@ def tiny_step_work(net: Any, steps: int) -> dict[str, Any]:
     """:func:`traced_work` of the fixed-cost benchmark's step (``_step_cost_loop.tiny_step_us``:
     the MLP with layers two wide), after 20 untraced steps that let the run's one-off work
     (broadcasts, discovering the model) happen first."""
-    import torch
+    from _step_cost_loop import tiny_step_parts
 
-    torch.set_num_threads(1)
-    opt = torch.optim.SGD(net.parameters(), lr=0.0)
-    loss_fn = torch.nn.CrossEntropyLoss()
-    xb, yb = torch.zeros(1, 2), torch.zeros(1, dtype=torch.long)
+    opt, loss_fn, xb, yb = tiny_step_parts(net)
 
     def step() -> None:
         opt.zero_grad()

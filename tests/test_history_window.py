@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from phalanx import events
-from phalanx._labcomm import WINDOW_POINTS, LabComm
+from phalanx._labcomm import LabComm
+from phalanx._panel_answers import WINDOW_POINTS
 from phalanx._session import Session
 from phalanx.fit import MetricHistory
 from phalanx.fit.telemetry._downsample import MAX_POINTS

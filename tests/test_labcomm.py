@@ -12,7 +12,8 @@ import logging
 import pytest
 
 from phalanx import events
-from phalanx._labcomm import HISTORY_CHUNK_ROWS, MAX_COMMS, LabComm
+from phalanx._labcomm import MAX_COMMS, LabComm
+from phalanx._panel_answers import HISTORY_CHUNK_ROWS
 from phalanx.events import COMM_TARGET, validate_event
 from labcomm_fakes import (FakeComm, FakeManager, FakeSession, FakeTime, _engine, _row,
                            finish_run)
